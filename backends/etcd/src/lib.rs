@@ -1,0 +1,2 @@
+//! The etcd backend of fencelock.
+#![forbid(unsafe_code)]

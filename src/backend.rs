@@ -1,0 +1,191 @@
+//! The backend trait: what a store must provide so that [`LockGuard`] works on it.
+
+use std::fmt;
+use std::future::Future;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+use crate::{Error, LockGuard, LockName, Result, StateKey};
+
+/// How long an acquire may wait for a lock that someone else holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Wait {
+    /// Wait until the lock is granted (or the backend fails).
+    #[default]
+    Forever,
+    /// Wait at most this long, then fail with [`Error::Timeout`].
+    Timeout(Duration),
+    /// Do not wait: fail with [`Error::WouldBlock`] if the lock is held.
+    Try,
+}
+
+impl Wait {
+    /// Runs a waiting acquire under this policy's time limit: `Forever` runs it as is,
+    /// `Timeout(d)` drops it after `d` and reports [`Error::Timeout`]. A backend calls this for
+    /// the two waiting policies and handles [`Wait::Try`] itself.
+    ///
+    /// # Cancel safety
+    /// Dropping `acquire` on timeout must leave nothing behind in the store; that is the
+    /// backend's cancel-safety duty either way.
+    pub async fn limit<T>(
+        self,
+        name: &LockName,
+        acquire: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        match self {
+            Wait::Timeout(waited) => {
+                tokio::time::timeout(waited, acquire)
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(Error::Timeout {
+                            name: name.to_string(),
+                            waited,
+                        })
+                    })
+            }
+            Wait::Forever | Wait::Try => acquire.await,
+        }
+    }
+}
+
+/// What [`LockGuard::release`] found at the store.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
+pub enum ReleaseOutcome {
+    /// We still owned the lock, and it is now free for the next contender.
+    Released,
+    /// The lock was no longer ours (lease expired, taken away); nothing was deleted, so the
+    /// next holder, if any, keeps it. Work done since the loss may have been refused or
+    /// overwritten.
+    NotOwned,
+}
+
+/// A store that grants leases on named locks, each with a [`FencingToken`](crate::FencingToken).
+///
+/// Use it as `Arc<dyn LockBackend>` to swap backends by configuration; the
+/// [`LockBackendExt`] methods (`lock`, `try_lock`, `lock_timeout`) take plain `&str` names.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> fencelock::Result<()> {
+/// use std::sync::Arc;
+/// use fencelock::{LockBackend, LockBackendExt, MemoryBackend};
+///
+/// let backend: Arc<dyn LockBackend> = Arc::new(MemoryBackend::new());
+/// let guard = backend.lock("nightly-report").await?;
+/// println!("holding {} with token {}", guard.name(), guard.token());
+/// let _ = guard.release().await?;
+/// # Ok(()) }
+/// ```
+///
+/// # Contract
+/// An implementation of [`acquire`](LockBackend::acquire) must:
+/// 1. grant a lock to at most one live [`LockGuard`] at a time, across all processes and
+///    all instances sharing the store, **and within one instance** (a second acquire of a name the
+///    instance already holds waits like any other contender; it never gets a second guard);
+/// 2. give each grant a token strictly greater than every earlier grant's token of that name;
+/// 3. keep the grant on a lease that the store expires on its own if the holder stops renewing,
+///    renew it from the holder at TTL/3, and feed a [`LeaseClock`](crate::LeaseClock) with each
+///    renewal's *send* time so that the guard's `lost` fires before the store can expire it;
+///    when renewal is refused or the session ends, call [`LeaseClock::lose`](crate::LeaseClock::lose);
+/// 4. honour [`Wait`]: `Try` makes one attempt and fails with [`Error::WouldBlock`]; `Timeout`
+///    fails with [`Error::Timeout`] ([`Wait::limit`] does this); waiters are granted in arrival
+///    order and each waits only for its predecessor;
+/// 5. be cancel-safe: if the acquire future is dropped at any await point, whatever it wrote to
+///    the store is removed (in the background if need be), so no later contender is blocked;
+/// 6. hand the guard the checkpoint stored under [`StateKey::checkpoint`] at grant time;
+/// 7. implement [`HeldLock`] for the guard's store half, with every operation checked *by the
+///    store* against the grant (a compare on the token, never a blind write or delete).
+#[async_trait]
+pub trait LockBackend: Send + Sync + fmt::Debug {
+    /// A short name of the backend kind for errors and logs: `"etcd"`, `"zookeeper"`, `"memory"`.
+    fn kind(&self) -> &'static str;
+
+    /// Acquires the lock `name` under the wait policy `wait`.
+    ///
+    /// # Errors
+    /// [`Error::WouldBlock`] (for [`Wait::Try`]), [`Error::Timeout`] (for [`Wait::Timeout`]),
+    /// [`Error::LockLost`] if the session ended while waiting, [`Error::Backend`] when the store
+    /// cannot be reached.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: dropping the future removes the waiter from the queue (see the contract).
+    async fn acquire(&self, name: &LockName, wait: Wait) -> Result<LockGuard>;
+}
+
+/// The store half of a held lock, behind a [`LockGuard`]. Backend authors implement it; users
+/// only see [`LockGuard`].
+///
+/// Every method is checked at the store against the grant (etcd: a Txn comparing the lock key's
+/// create revision; ZooKeeper: a multi with a check on the lock node). When the store says the
+/// grant is gone, return [`Error::NotHeld`]; the guard then fires `lost`.
+#[async_trait]
+pub trait HeldLock: Send + Sync + fmt::Debug {
+    /// Deletes the grant if, and only if, it is still ours.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when the store cannot be reached (the lease still ends the grant).
+    async fn release(&self) -> Result<ReleaseOutcome>;
+
+    /// Writes `value` under `key` next to the lock if the grant is still ours.
+    ///
+    /// # Errors
+    /// [`Error::NotHeld`] if the store refused; [`Error::Backend`] on store failure.
+    async fn put_state(&self, key: &StateKey, value: &[u8]) -> Result<()>;
+
+    /// Reads `key` if the grant is still ours.
+    ///
+    /// # Errors
+    /// [`Error::NotHeld`] if the store refused; [`Error::Backend`] on store failure.
+    async fn get_state(&self, key: &StateKey) -> Result<Option<Vec<u8>>>;
+
+    /// Deletes `key` if the grant is still ours; true if it existed.
+    ///
+    /// # Errors
+    /// [`Error::NotHeld`] if the store refused; [`Error::Backend`] on store failure.
+    async fn delete_state(&self, key: &StateKey) -> Result<bool>;
+
+    /// Releases without waiting, because the guard was dropped. Needs no caller runtime
+    /// context beyond what the backend kept; must not block.
+    fn release_in_background(self: Box<Self>);
+}
+
+/// Convenience methods on every backend, taking `&str` names.
+#[async_trait]
+pub trait LockBackendExt: LockBackend {
+    /// Waits for the lock `name`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`] for a bad name, then as [`LockBackend::acquire`].
+    ///
+    /// # Cancel safety
+    /// Cancel-safe, as [`LockBackend::acquire`].
+    async fn lock(&self, name: &str) -> Result<LockGuard> {
+        self.acquire(&LockName::new(name)?, Wait::Forever).await
+    }
+
+    /// Takes the lock `name` only if it is free now.
+    ///
+    /// # Errors
+    /// [`Error::WouldBlock`] if it is held; otherwise as [`LockBackendExt::lock`].
+    ///
+    /// # Cancel safety
+    /// Cancel-safe, as [`LockBackend::acquire`].
+    async fn try_lock(&self, name: &str) -> Result<LockGuard> {
+        self.acquire(&LockName::new(name)?, Wait::Try).await
+    }
+
+    /// Waits at most `timeout` for the lock `name`.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`] when the time is up; otherwise as [`LockBackendExt::lock`].
+    ///
+    /// # Cancel safety
+    /// Cancel-safe, as [`LockBackend::acquire`].
+    async fn lock_timeout(&self, name: &str, timeout: Duration) -> Result<LockGuard> {
+        self.acquire(&LockName::new(name)?, Wait::Timeout(timeout))
+            .await
+    }
+}
+
+impl<B: LockBackend + ?Sized> LockBackendExt for B {}

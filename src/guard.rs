@@ -1,0 +1,303 @@
+//! The one guard type every backend returns.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::time::Instant;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
+
+use crate::backend::{HeldLock, ReleaseOutcome};
+use crate::{Error, FencingToken, LeaseClock, LockName, Result, StateKey};
+
+/// Proof of holding a lock, for as long as its lease lasts.
+///
+/// Holding a guard does **not** mean holding the lock forever: a lease can end under a paused or
+/// cut-off holder. So:
+/// - stop work when [`lost`](LockGuard::lost) fires, or run it inside [`run`](LockGuard::run);
+/// - pass [`token`](LockGuard::token) to every resource you mutate, and let the resource refuse
+///   lower tokens ([`Fence`](crate::Fence), or an SQL `WHERE fence_token <= $1`);
+/// - or keep small state next to the lock with [`fenced_put`](LockGuard::fenced_put), which the
+///   store itself refuses once the lock is not ours.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> fencelock::Result<()> {
+/// use fencelock::{LockBackendExt, MemoryBackend};
+///
+/// let backend = MemoryBackend::new();
+/// let guard = backend.lock("invoices").await?;
+/// let resume_from = guard.last_checkpoint().map(|b| b.to_vec());
+/// let done = guard
+///     .run(async {
+///         // ... work, stopped at once if the lock is lost ...
+///         guard.checkpoint(b"batch 7").await?;
+///         guard.fenced_put("last-run", b"2026-12-02").await
+///     })
+///     .await??;
+/// assert_eq!(resume_from, None);
+/// let _ = guard.release().await?;
+/// # let _ = done; Ok(()) }
+/// ```
+///
+/// # Drop
+/// Dropping a guard fires its `lost` and releases the lock **in the background**: the release is
+/// not done when `drop` returns, and if the process exits first the lock stays held until its
+/// lease expires. Call [`release`](LockGuard::release) to know when, and whether, it happened.
+#[must_use = "the lock is released (in the background) as soon as the guard is dropped"]
+pub struct LockGuard {
+    backend: &'static str,
+    name: LockName,
+    token: FencingToken,
+    lease: Arc<LeaseClock>,
+    lost: CancellationToken,
+    checkpoint: Option<Vec<u8>>,
+    held: Option<Box<dyn HeldLock>>,
+}
+
+impl LockGuard {
+    /// Wraps a grant. Called by backends, not users: `lease` is the session's lease, `held` the
+    /// store half, `checkpoint` what the store held under [`StateKey::checkpoint`] at grant time.
+    pub fn new(
+        backend: &'static str,
+        name: LockName,
+        token: FencingToken,
+        lease: Arc<LeaseClock>,
+        checkpoint: Option<Vec<u8>>,
+        held: Box<dyn HeldLock>,
+    ) -> Self {
+        let lost = lease.lost_token().child_token();
+        tracing::debug!(backend, lock = %name, %token, "lock acquired");
+        LockGuard {
+            backend,
+            name,
+            token,
+            lease,
+            lost,
+            checkpoint,
+            held: Some(held),
+        }
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &LockName {
+        &self.name
+    }
+
+    /// The fencing token of this acquisition; pass it to every resource you mutate.
+    pub fn token(&self) -> FencingToken {
+        self.token
+    }
+
+    /// The backend kind that granted this lock.
+    pub fn backend(&self) -> &'static str {
+        self.backend
+    }
+
+    /// The local lease deadline: after it, the lock must be assumed gone. Renewals move it.
+    pub fn deadline(&self) -> Instant {
+        self.lease.deadline()
+    }
+
+    /// Resolves when the holder can no longer be sure it holds the lock: renewal failed, the local
+    /// deadline passed, the session expired, the store refused an operation, or the guard was
+    /// released or dropped.
+    pub fn lost(&self) -> WaitForCancellationFuture<'_> {
+        self.lost.cancelled()
+    }
+
+    /// The `lost` signal as a token to hand to other tasks (a child token: cancelling it stops
+    /// only those tasks' view, it does not release the lock).
+    pub fn lost_token(&self) -> CancellationToken {
+        self.lost.child_token()
+    }
+
+    /// True while the lease is live and the lock has not been reported lost. Checks the clock
+    /// directly, so a late timer task cannot make it lie.
+    pub fn is_held(&self) -> bool {
+        !self.lost.is_cancelled() && self.lease.is_live()
+    }
+
+    /// The token, if the lock is still held: call it right before a mutation.
+    ///
+    /// # Errors
+    /// [`Error::LockLost`] when [`is_held`](LockGuard::is_held) is false.
+    pub fn ensure_held(&self) -> Result<FencingToken> {
+        if self.is_held() {
+            Ok(self.token)
+        } else {
+            self.lost.cancel();
+            Err(self.lost_error())
+        }
+    }
+
+    /// Runs `work` until it finishes or the lock is lost, whichever is first; on loss, `work` is
+    /// dropped at its current await point.
+    ///
+    /// # Errors
+    /// [`Error::LockLost`] when the lock was lost before `work` finished.
+    ///
+    /// # Cancel safety
+    /// As cancel-safe as `work` itself.
+    pub async fn run<F: Future>(&self, work: F) -> Result<F::Output> {
+        self.ensure_held()?;
+        tokio::select! {
+            biased;
+            () = self.lost.cancelled() => Err(self.lost_error()),
+            out = work => Ok(out),
+        }
+    }
+
+    /// Releases the lock, checking at the store that it is still ours.
+    ///
+    /// Fires `lost` first, so anything watching it stops before the lock is free.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] if the store could not be reached; the lock then ends with its lease.
+    ///
+    /// # Cancel safety
+    /// If the future is dropped, the release goes on in the background as for `drop`.
+    pub async fn release(mut self) -> Result<ReleaseOutcome> {
+        self.lost.cancel();
+        let Some(held) = self.held.take() else {
+            return Ok(ReleaseOutcome::NotOwned);
+        };
+        let pending = ReleaseOnDrop(Some(held));
+        let outcome = match &pending.0 {
+            Some(held) => held.release().await,
+            None => Ok(ReleaseOutcome::NotOwned),
+        };
+        pending.disarm();
+        tracing::debug!(backend = self.backend, lock = %self.name, token = %self.token, ?outcome, "lock released");
+        outcome
+    }
+
+    /// Stores `value` under `key` next to the lock. The store refuses it unless this guard still
+    /// holds the lock, so a stale holder cannot overwrite its successor's state.
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`] for a bad key, [`Error::LockLost`]/[`Error::NotHeld`] if the lock is
+    /// gone (the guard's `lost` then fires), [`Error::Backend`] on store failure.
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe: if dropped, the write may or may not have happened.
+    pub async fn fenced_put(&self, key: &str, value: impl AsRef<[u8]>) -> Result<()> {
+        let key = StateKey::new(key)?;
+        self.guarded(|held| held.put_state(&key, value.as_ref()))
+            .await
+    }
+
+    /// Reads `key` next to the lock, refused unless this guard still holds the lock.
+    ///
+    /// # Errors
+    /// As [`fenced_put`](LockGuard::fenced_put).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe.
+    pub async fn fenced_get(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        let key = StateKey::new(key)?;
+        self.guarded(|held| held.get_state(&key)).await
+    }
+
+    /// Deletes `key` next to the lock, refused unless this guard still holds the lock; true if it
+    /// existed.
+    ///
+    /// # Errors
+    /// As [`fenced_put`](LockGuard::fenced_put).
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe: if dropped, the delete may or may not have happened.
+    pub async fn fenced_delete(&self, key: &str) -> Result<bool> {
+        let key = StateKey::new(key)?;
+        self.guarded(|held| held.delete_state(&key)).await
+    }
+
+    /// Records progress of long work as a fenced write, so that if this holder loses the lock the
+    /// next holder resumes from here ([`last_checkpoint`](LockGuard::last_checkpoint)).
+    ///
+    /// # Errors
+    /// As [`fenced_put`](LockGuard::fenced_put).
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe: if dropped, the checkpoint may or may not have been written.
+    pub async fn checkpoint(&self, progress: impl AsRef<[u8]>) -> Result<()> {
+        let key = StateKey::checkpoint();
+        self.guarded(|held| held.put_state(&key, progress.as_ref()))
+            .await
+    }
+
+    /// Deletes the checkpoint once the work is complete, so the next holder starts fresh.
+    ///
+    /// # Errors
+    /// As [`fenced_put`](LockGuard::fenced_put).
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe: if dropped, the checkpoint may or may not have been deleted.
+    pub async fn clear_checkpoint(&self) -> Result<()> {
+        let key = StateKey::checkpoint();
+        self.guarded(|held| held.delete_state(&key)).await.map(drop)
+    }
+
+    /// The checkpoint a previous holder left, as it was when this guard was granted.
+    pub fn last_checkpoint(&self) -> Option<&[u8]> {
+        self.checkpoint.as_deref()
+    }
+
+    async fn guarded<'a, T, F, Fut>(&'a self, op: F) -> Result<T>
+    where
+        F: FnOnce(&'a dyn HeldLock) -> Fut,
+        Fut: Future<Output = Result<T>> + 'a,
+    {
+        self.ensure_held()?;
+        let held = self.held.as_deref().ok_or_else(|| self.lost_error())?;
+        let out = op(held).await;
+        if matches!(&out, Err(e) if e.is_lost()) {
+            tracing::warn!(backend = self.backend, lock = %self.name, token = %self.token, "store refused a fenced operation; lock lost");
+            self.lost.cancel();
+        }
+        out
+    }
+
+    fn lost_error(&self) -> Error {
+        Error::LockLost {
+            name: self.name.to_string(),
+        }
+    }
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("backend", &self.backend)
+            .field("name", &self.name)
+            .field("token", &self.token)
+            .field("held", &self.is_held())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        self.lost.cancel();
+        if let Some(held) = self.held.take() {
+            tracing::debug!(backend = self.backend, lock = %self.name, token = %self.token, "guard dropped; releasing in the background");
+            held.release_in_background();
+        }
+    }
+}
+
+/// Hands the store half to a background release if a `release()` future is dropped midway.
+struct ReleaseOnDrop(Option<Box<dyn HeldLock>>);
+
+impl ReleaseOnDrop {
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        if let Some(held) = self.0.take() {
+            held.release_in_background();
+        }
+    }
+}

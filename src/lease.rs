@@ -1,0 +1,117 @@
+//! The holder-side lease deadline, shared by every backend.
+
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+/// A lease as the holder sees it: a local deadline and a `lost` signal that fires when the
+/// deadline passes or the backend declares the lease gone.
+///
+/// The deadline is conservative: each successful renewal moves it to *the moment the renewal
+/// request was sent* plus the granted TTL minus a safety margin. The server starts its own clock
+/// when it *receives* the request, which is later, so the holder's deadline always passes first.
+/// The margin absorbs clock-rate drift and the time the holder needs to stop its work.
+///
+/// Backends create one per session and hand it to every [`LockGuard`](crate::LockGuard) of that
+/// session; each guard's `lost` is a child of [`LeaseClock::lost_token`].
+#[derive(Debug)]
+pub struct LeaseClock {
+    lost: CancellationToken,
+    deadline: Mutex<Instant>,
+    margin: Duration,
+}
+
+impl LeaseClock {
+    /// Starts a lease whose grant request was sent at `sent_at` with `ttl`, and spawns the task
+    /// that fires `lost` when the deadline passes. Needs a Tokio runtime.
+    pub fn start(sent_at: Instant, ttl: Duration, margin: Duration) -> Arc<Self> {
+        let clock = Arc::new(LeaseClock {
+            lost: CancellationToken::new(),
+            deadline: Mutex::new(deadline_of(sent_at, ttl, margin)),
+            margin,
+        });
+        tokio::spawn(Arc::clone(&clock).watch_deadline());
+        clock
+    }
+
+    async fn watch_deadline(self: Arc<Self>) {
+        // Each pass either fires `lost` or sleeps until a deadline that a renewal moved later,
+        // so the loop ends no later than the lease does.
+        loop {
+            let deadline = self.deadline();
+            tokio::select! {
+                () = self.lost.cancelled() => return,
+                () = tokio::time::sleep_until(deadline) => {}
+            }
+            if Instant::now() >= self.deadline() {
+                tracing::warn!("lease deadline passed without a successful renewal; lock(s) lost");
+                self.lost.cancel();
+                return;
+            }
+        }
+    }
+
+    /// Records a successful renewal whose request was sent at `sent_at` and granted `ttl`.
+    /// Never moves the deadline earlier, and does nothing once the lease is lost.
+    pub fn renewed(&self, sent_at: Instant, ttl: Duration) {
+        if self.lost.is_cancelled() {
+            return;
+        }
+        let candidate = deadline_of(sent_at, ttl, self.margin);
+        let mut deadline = self.deadline.lock().unwrap_or_else(PoisonError::into_inner);
+        if candidate > *deadline {
+            *deadline = candidate;
+        }
+    }
+
+    /// Declares the lease gone (renewal refused, session expired, client closed).
+    pub fn lose(&self) {
+        self.lost.cancel();
+    }
+
+    /// The local deadline: past it, the holder must assume the lock is gone.
+    pub fn deadline(&self) -> Instant {
+        *self.deadline.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// True while the lease is neither declared lost nor past its deadline. Checks the clock
+    /// itself, so it is right even when the deadline task has not run yet.
+    pub fn is_live(&self) -> bool {
+        !self.lost.is_cancelled() && Instant::now() < self.deadline()
+    }
+
+    /// The session-wide `lost` token; guards take child tokens of it.
+    pub fn lost_token(&self) -> &CancellationToken {
+        &self.lost
+    }
+}
+
+fn deadline_of(sent_at: Instant, ttl: Duration, margin: Duration) -> Instant {
+    sent_at + ttl.saturating_sub(margin)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn deadline_counts_from_send_time_minus_margin() {
+        let sent = Instant::now();
+        let clock = LeaseClock::start(sent, Duration::from_secs(10), Duration::from_secs(1));
+        assert_eq!(clock.deadline(), sent + Duration::from_secs(9));
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        // A renewal sent at t=2 (its reply arrived at t=3) counts from t=2.
+        clock.renewed(sent + Duration::from_secs(2), Duration::from_secs(10));
+        assert_eq!(clock.deadline(), sent + Duration::from_secs(11));
+        // An older renewal never moves the deadline back.
+        clock.renewed(sent, Duration::from_secs(10));
+        assert_eq!(clock.deadline(), sent + Duration::from_secs(11));
+        tokio::time::sleep_until(sent + Duration::from_millis(10_999)).await;
+        assert!(clock.is_live());
+        clock.lost_token().cancelled().await;
+        assert_eq!(Instant::now(), sent + Duration::from_secs(11));
+        assert!(!clock.is_live());
+    }
+}

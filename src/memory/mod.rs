@@ -1,0 +1,356 @@
+//! The in-memory backend: the same semantics as the distributed backends, in one process.
+
+mod store;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::Mutex as AsyncMutex;
+use tokio::time::Instant;
+
+pub use store::MemoryStore;
+use store::Position;
+
+use crate::backend::{HeldLock, LockBackend, ReleaseOutcome, Wait};
+use crate::{Error, FencingToken, LeaseClock, LockGuard, LockName, Result, StateKey};
+
+const KIND: &str = "memory";
+
+/// Settings of a [`MemoryBackend`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MemoryConfig {
+    /// Session lease TTL. Default 10 s; renewed every `ttl / 3`.
+    pub ttl: Duration,
+    /// How much earlier than `ttl` after a renewal was sent the holder gives the lock up.
+    /// Default `ttl / 10`.
+    pub safety_margin: Duration,
+}
+
+impl Default for MemoryConfig {
+    fn default() -> Self {
+        MemoryConfig::with_ttl(Duration::from_secs(10))
+    }
+}
+
+impl MemoryConfig {
+    /// A config with `ttl` and the default margin (`ttl / 10`).
+    pub fn with_ttl(ttl: Duration) -> Self {
+        MemoryConfig {
+            ttl,
+            safety_margin: ttl / 10,
+        }
+    }
+
+    fn validate(&self) -> Result<()> {
+        if self.ttl < Duration::from_millis(30) {
+            return Err(Error::config("ttl", "must be at least 30 ms"));
+        }
+        if self.safety_margin >= self.ttl / 3 {
+            return Err(Error::config(
+                "safety_margin",
+                "must be less than a third of the ttl, or the lock is lost between renewals",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// A lock backend inside one process, for tests of code that uses locks (and for the demo).
+///
+/// Sessions, TTL leases renewed at TTL/3, FIFO waiting, monotonic tokens, fenced state and
+/// checkpoints behave as on etcd and ZooKeeper. Backends made from one [`MemoryStore`] contend
+/// like separate processes; faults can be injected with [`MemoryBackend::expire_session`],
+/// [`MemoryBackend::pause_renewals`] and [`MemoryStore::release_behind_back`]. All timing uses
+/// Tokio's clock, so tests can run under `tokio::time::pause()`.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> fencelock::Result<()> {
+/// use fencelock::{LockBackendExt, MemoryStore};
+///
+/// let store = MemoryStore::new();
+/// let (a, b) = (store.backend(), store.backend());
+/// let held = a.lock("job").await?;
+/// assert!(b.try_lock("job").await.is_err());
+/// drop(held);
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct MemoryBackend {
+    store: MemoryStore,
+    config: MemoryConfig,
+    session: AsyncMutex<Option<Arc<Session>>>,
+}
+
+#[derive(Debug)]
+struct Session {
+    id: u64,
+    store: MemoryStore,
+    lease: Arc<LeaseClock>,
+    renewals_paused: Arc<AtomicBool>,
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // Like closing an etcd session: revoke, so nothing waits for the TTL.
+        self.lease.lose();
+        self.store.revoke(self.id);
+    }
+}
+
+impl MemoryBackend {
+    /// A backend on a store of its own, with default settings.
+    pub fn new() -> Self {
+        MemoryStore::new().backend()
+    }
+
+    /// A backend on `store` with `config`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] when the TTL is under 30 ms or the margin is not below TTL/3.
+    pub fn with_config(store: &MemoryStore, config: MemoryConfig) -> Result<Self> {
+        config.validate()?;
+        Ok(MemoryBackend {
+            store: store.clone(),
+            config,
+            session: AsyncMutex::new(None),
+        })
+    }
+
+    /// The store this backend talks to.
+    pub fn store(&self) -> &MemoryStore {
+        &self.store
+    }
+
+    /// Fault injection: the store expires this backend's session now, as a server does when it
+    /// stops hearing from a client. The holder notices at its next renewal (within TTL/3).
+    pub async fn expire_session(&self) {
+        if let Some(session) = self.session.lock().await.as_ref() {
+            self.store.expire_session(session.id);
+        }
+    }
+
+    /// Fault injection: stops (or resumes) sending renewals, as a paused or cut-off client would.
+    /// The local deadline then passes and `lost` fires before the store expires the session.
+    pub async fn pause_renewals(&self, paused: bool) {
+        if let Some(session) = self.session.lock().await.as_ref() {
+            session.renewals_paused.store(paused, Ordering::SeqCst);
+        }
+    }
+
+    async fn session(&self) -> Arc<Session> {
+        let mut slot = self.session.lock().await;
+        if let Some(session) = slot
+            .as_ref()
+            .filter(|s| !s.lease.lost_token().is_cancelled())
+        {
+            return Arc::clone(session);
+        }
+        let ttl = self.config.ttl;
+        let sent = Instant::now();
+        let id = self.store.grant(ttl);
+        let lease = LeaseClock::start(sent, ttl, self.config.safety_margin);
+        let renewals_paused = Arc::new(AtomicBool::new(false));
+        tokio::spawn(keep_alive(
+            self.store.clone(),
+            id,
+            ttl,
+            Arc::clone(&lease),
+            Arc::clone(&renewals_paused),
+        ));
+        let session = Arc::new(Session {
+            id,
+            store: self.store.clone(),
+            lease,
+            renewals_paused,
+        });
+        *slot = Some(Arc::clone(&session));
+        session
+    }
+}
+
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        MemoryBackend::new()
+    }
+}
+
+impl MemoryStore {
+    /// A new backend (a new simulated client, with its own session) on this store, with default
+    /// settings.
+    pub fn backend(&self) -> MemoryBackend {
+        MemoryBackend {
+            store: self.clone(),
+            config: MemoryConfig::default(),
+            session: AsyncMutex::new(None),
+        }
+    }
+}
+
+async fn keep_alive(
+    store: MemoryStore,
+    id: u64,
+    ttl: Duration,
+    lease: Arc<LeaseClock>,
+    paused: Arc<AtomicBool>,
+) {
+    // One renewal per TTL/3 until the lease is lost or the session revoked.
+    loop {
+        tokio::select! {
+            () = lease.lost_token().cancelled() => return,
+            () = tokio::time::sleep(ttl / 3) => {}
+        }
+        if paused.load(Ordering::SeqCst) {
+            continue;
+        }
+        let sent = Instant::now();
+        if store.keep_alive(id, ttl) {
+            lease.renewed(sent, ttl);
+        } else {
+            tracing::warn!(
+                session = id,
+                "memory backend: renewal refused, session expired"
+            );
+            lease.lose();
+            return;
+        }
+    }
+}
+
+/// Removes a queued entry unless disarmed: what makes a dropped acquire leave nothing behind.
+struct Pending<'a> {
+    store: &'a MemoryStore,
+    name: &'a str,
+    token: Option<u64>,
+}
+
+impl Drop for Pending<'_> {
+    fn drop(&mut self) {
+        if let Some(token) = self.token {
+            self.store.remove(self.name, token);
+        }
+    }
+}
+
+#[async_trait]
+impl LockBackend for MemoryBackend {
+    fn kind(&self) -> &'static str {
+        KIND
+    }
+
+    async fn acquire(&self, name: &LockName, wait: Wait) -> Result<LockGuard> {
+        wait.limit(name, async {
+            let session = self.session().await;
+            let lost = || Error::LockLost {
+                name: name.to_string(),
+            };
+            let token = self
+                .store
+                .enqueue(name.as_str(), session.id)
+                .ok_or_else(lost)?;
+            let mut pending = Pending {
+                store: &self.store,
+                name: name.as_str(),
+                token: Some(token),
+            };
+            // Each pass ends in a grant, an error, or a wake from the predecessor's removal.
+            loop {
+                match self.store.position(name.as_str(), token) {
+                    Position::Holder { checkpoint } => {
+                        pending.token = None;
+                        let held = MemoryHeld {
+                            session: Arc::clone(&session),
+                            name: name.clone(),
+                            token,
+                        };
+                        return Ok(LockGuard::new(
+                            KIND,
+                            name.clone(),
+                            FencingToken::new(token),
+                            Arc::clone(&session.lease),
+                            checkpoint,
+                            Box::new(held),
+                        ));
+                    }
+                    Position::Gone => return Err(lost()),
+                    Position::Waiting { .. } if wait == Wait::Try => {
+                        return Err(Error::WouldBlock {
+                            name: name.to_string(),
+                        })
+                    }
+                    Position::Waiting { wake } => tokio::select! {
+                        () = wake.notified() => {}
+                        () = session.lease.lost_token().cancelled() => return Err(lost()),
+                    },
+                }
+            }
+        })
+        .await
+    }
+}
+
+#[derive(Debug)]
+struct MemoryHeld {
+    session: Arc<Session>,
+    name: LockName,
+    token: u64,
+}
+
+impl MemoryHeld {
+    fn refused(&self) -> Error {
+        Error::NotHeld {
+            name: self.name.to_string(),
+            token: FencingToken::new(self.token),
+        }
+    }
+
+    fn with_values<T>(
+        &self,
+        op: impl FnOnce(
+            &mut std::collections::HashMap<(String, String), Vec<u8>>,
+            (String, String),
+        ) -> T,
+        key: &StateKey,
+    ) -> Result<T> {
+        let slot = (self.name.to_string(), key.as_str().to_owned());
+        self.session
+            .store
+            .with_values(self.name.as_str(), self.token, |values| op(values, slot))
+            .ok_or_else(|| self.refused())
+    }
+}
+
+#[async_trait]
+impl HeldLock for MemoryHeld {
+    async fn release(&self) -> Result<ReleaseOutcome> {
+        Ok(
+            if self.session.store.remove(self.name.as_str(), self.token) {
+                ReleaseOutcome::Released
+            } else {
+                ReleaseOutcome::NotOwned
+            },
+        )
+    }
+
+    async fn put_state(&self, key: &StateKey, value: &[u8]) -> Result<()> {
+        self.with_values(
+            |values, slot| drop(values.insert(slot, value.to_vec())),
+            key,
+        )
+    }
+
+    async fn get_state(&self, key: &StateKey) -> Result<Option<Vec<u8>>> {
+        self.with_values(|values, slot| values.get(&slot).cloned(), key)
+    }
+
+    async fn delete_state(&self, key: &StateKey) -> Result<bool> {
+        self.with_values(|values, slot| values.remove(&slot).is_some(), key)
+    }
+
+    fn release_in_background(self: Box<Self>) {
+        // In-process: releasing now is as cheap as scheduling it.
+        self.session.store.remove(self.name.as_str(), self.token);
+    }
+}

@@ -1,0 +1,253 @@
+//! The "server" side of the memory backend: sessions with TTLs, lock queues, fenced values.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use crate::{FencingToken, LockName, StateKey};
+
+/// A shared in-memory lock store: what an etcd cluster is to the etcd backend.
+///
+/// Make one per test, then one [`MemoryBackend`](super::MemoryBackend) per simulated process with
+/// [`MemoryStore::backend`]. Each backend has its own session, so they contend like separate
+/// clients. The store expires sessions on its own clock (Tokio's, so `tokio::time::pause()` makes
+/// expiry deterministic), and offers fault injection for tests of code that uses locks.
+#[derive(Clone, Debug, Default)]
+pub struct MemoryStore {
+    pub(super) inner: Arc<StoreInner>,
+}
+
+#[derive(Debug, Default)]
+pub(super) struct StoreInner {
+    state: Mutex<State>,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    revision: u64,
+    next_session: u64,
+    sessions: HashMap<u64, Instant>,
+    /// Per lock: entries in grant order; the front one holds the lock.
+    queues: HashMap<String, VecDeque<Entry>>,
+    values: HashMap<(String, String), Vec<u8>>,
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    token: u64,
+    session: u64,
+    /// Woken when this entry becomes the holder or is removed.
+    wake: Arc<Notify>,
+}
+
+/// Where a queued entry stands.
+pub(super) enum Position {
+    Holder { checkpoint: Option<Vec<u8>> },
+    Waiting { wake: Arc<Notify> },
+    Gone,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        MemoryStore::default()
+    }
+
+    fn state(&self) -> MutexGuard<'_, State> {
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The holder's token of `name`, if someone holds it.
+    pub fn holder(&self, name: &LockName) -> Option<FencingToken> {
+        self.state()
+            .queues
+            .get(name.as_str())
+            .and_then(|q| q.front())
+            .map(|e| FencingToken::new(e.token))
+    }
+
+    /// How many contenders are queued on `name`, the holder included.
+    pub fn queue_len(&self, name: &LockName) -> usize {
+        self.state()
+            .queues
+            .get(name.as_str())
+            .map_or(0, VecDeque::len)
+    }
+
+    /// Fault injection: deletes the holder's grant of `name` behind its back, as an operator's
+    /// `etcdctl del` would. The holder is not told; its next fenced operation is refused.
+    /// Returns the removed holder's token.
+    pub fn release_behind_back(&self, name: &LockName) -> Option<FencingToken> {
+        let mut state = self.state();
+        let token = state.queues.get(name.as_str())?.front()?.token;
+        state.remove_entry(name.as_str(), token);
+        Some(FencingToken::new(token))
+    }
+
+    /// Fault injection: expires session `id` now, as the server does when renewals stop.
+    /// Its holder finds out on its next renewal.
+    pub(super) fn expire_session(&self, id: u64) {
+        self.state().expire(id);
+    }
+
+    pub(super) fn grant(&self, ttl: Duration) -> u64 {
+        let id = {
+            let mut state = self.state();
+            state.next_session += 1;
+            let id = state.next_session;
+            state.sessions.insert(id, Instant::now() + ttl);
+            id
+        };
+        tokio::spawn(reap(Arc::downgrade(&self.inner), id));
+        id
+    }
+
+    /// Extends session `id` by `ttl` from now; false if it has expired.
+    pub(super) fn keep_alive(&self, id: u64, ttl: Duration) -> bool {
+        match self.state().sessions.get_mut(&id) {
+            Some(expires) => {
+                *expires = Instant::now() + ttl;
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub(super) fn revoke(&self, id: u64) {
+        self.state().expire(id);
+    }
+
+    /// Queues a new entry for `name` under session `id`; `None` if the session has expired.
+    pub(super) fn enqueue(&self, name: &str, session: u64) -> Option<u64> {
+        let mut state = self.state();
+        if !state.sessions.contains_key(&session) {
+            return None;
+        }
+        state.revision += 1;
+        let token = state.revision;
+        state
+            .queues
+            .entry(name.to_owned())
+            .or_default()
+            .push_back(Entry {
+                token,
+                session,
+                wake: Arc::new(Notify::new()),
+            });
+        Some(token)
+    }
+
+    pub(super) fn position(&self, name: &str, token: u64) -> Position {
+        let state = self.state();
+        let Some(queue) = state.queues.get(name) else {
+            return Position::Gone;
+        };
+        match queue.iter().position(|e| e.token == token) {
+            None => Position::Gone,
+            Some(0) => Position::Holder {
+                checkpoint: state
+                    .values
+                    .get(&(name.to_owned(), StateKey::checkpoint().as_str().to_owned()))
+                    .cloned(),
+            },
+            Some(i) => Position::Waiting {
+                wake: Arc::clone(&queue[i].wake),
+            },
+        }
+    }
+
+    /// Removes the entry; true if it was there.
+    pub(super) fn remove(&self, name: &str, token: u64) -> bool {
+        self.state().remove_entry(name, token)
+    }
+
+    /// Runs `op` on the values of `name` if `token` holds it; `None` if it does not.
+    pub(super) fn with_values<T>(
+        &self,
+        name: &str,
+        token: u64,
+        op: impl FnOnce(&mut HashMap<(String, String), Vec<u8>>) -> T,
+    ) -> Option<T> {
+        let mut state = self.state();
+        let holds = state
+            .queues
+            .get(name)
+            .and_then(|q| q.front())
+            .is_some_and(|e| e.token == token && state.sessions.contains_key(&e.session));
+        holds.then(|| op(&mut state.values))
+    }
+}
+
+impl State {
+    fn remove_entry(&mut self, name: &str, token: u64) -> bool {
+        let Some(queue) = self.queues.get_mut(name) else {
+            return false;
+        };
+        let Some(i) = queue.iter().position(|e| e.token == token) else {
+            return false;
+        };
+        if let Some(removed) = queue.remove(i) {
+            removed.wake.notify_one();
+        }
+        // Only the successor is woken: no herd.
+        if let Some(next) = queue.get(i) {
+            next.wake.notify_one();
+        }
+        if queue.is_empty() {
+            self.queues.remove(name);
+        }
+        true
+    }
+
+    fn expire(&mut self, session: u64) {
+        if self.sessions.remove(&session).is_none() {
+            return;
+        }
+        let doomed: Vec<(String, u64)> = self
+            .queues
+            .iter()
+            .flat_map(|(name, q)| {
+                q.iter()
+                    .filter(|e| e.session == session)
+                    .map(|e| (name.clone(), e.token))
+            })
+            .collect();
+        for (name, token) in doomed {
+            self.remove_entry(&name, token);
+        }
+    }
+}
+
+/// Expires session `id` when its TTL runs out without a keepalive.
+async fn reap(store: std::sync::Weak<StoreInner>, id: u64) {
+    // Each pass sleeps until the session's current expiry; a keepalive moves it later. Ends when
+    // the session ends or the store is dropped.
+    loop {
+        let expires = {
+            let Some(inner) = store.upgrade() else { return };
+            let state = inner.state.lock().unwrap_or_else(PoisonError::into_inner);
+            match state.sessions.get(&id) {
+                Some(&at) => at,
+                None => return,
+            }
+        };
+        tokio::time::sleep_until(expires).await;
+        let Some(inner) = store.upgrade() else { return };
+        let mut state = inner.state.lock().unwrap_or_else(PoisonError::into_inner);
+        if state
+            .sessions
+            .get(&id)
+            .is_some_and(|&at| at <= Instant::now())
+        {
+            tracing::debug!(session = id, "memory store: session expired");
+            state.expire(id);
+            return;
+        }
+    }
+}

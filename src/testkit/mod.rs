@@ -1,0 +1,82 @@
+//! The conformance suite every backend must pass (feature `testkit`).
+//!
+//! A backend's tests implement [`BackendFactory`] and call [`conformance_tests!`](crate::conformance_tests), which makes
+//! one `#[tokio::test]` per check:
+//!
+//! ```ignore
+//! struct MyFactory { /* a connection to a test server, a unique prefix */ }
+//! #[async_trait::async_trait]
+//! impl fencelock::testkit::BackendFactory for MyFactory { /* ... */ }
+//!
+//! fencelock::conformance_tests!(MyFactory::new().await);
+//! ```
+//!
+//! Each check panics with a message that says which property broke. Every wait is bounded by
+//! [`BOUND`], so a broken backend fails instead of hanging.
+
+mod checks;
+
+use std::future::Future;
+use std::time::Duration;
+
+use async_trait::async_trait;
+
+pub use checks::*;
+
+use crate::{LockBackend, LockName};
+
+/// The longest any single step of a check may take before the check fails.
+pub const BOUND: Duration = Duration::from_secs(60);
+
+/// Makes independent backend instances on one store, and breaks them on purpose.
+#[async_trait]
+pub trait BackendFactory: Send + Sync + 'static {
+    /// The backend type under test.
+    type Backend: LockBackend + 'static;
+
+    /// A new instance with a session of its own, as a separate process would have.
+    async fn connect(&self) -> Self::Backend;
+
+    /// Makes the store end `backend`'s current session (as when its lease expires or the
+    /// ensemble expires it). Its guards must then fire `lost`.
+    async fn break_session(&self, backend: &Self::Backend);
+
+    /// Deletes the current grant of `name` in the store, behind the holder's back (as an
+    /// operator's delete would). The holder is not told.
+    async fn steal(&self, name: &LockName);
+
+    /// The lock name to use for `base`; a factory may add a per-test prefix here or in its
+    /// backend config.
+    fn name(&self, base: &str) -> LockName;
+}
+
+/// Awaits `fut`, failing the check with `what` if it takes longer than [`BOUND`].
+pub async fn bounded<T>(what: &str, fut: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(BOUND, fut).await {
+        Ok(out) => out,
+        Err(_) => panic!("{what}: did not finish within {BOUND:?}"),
+    }
+}
+
+/// Defines one `#[tokio::test]` per conformance check, each with a fresh factory made by
+/// evaluating `$factory` (which may `.await`).
+#[macro_export]
+macro_rules! conformance_tests {
+    ($factory:expr) => {
+        $crate::conformance_tests!(@each $factory;
+            mutual_exclusion, tokens_increase, try_and_timeout, fifo_order,
+            cancelled_acquire_leaves_nothing, release_is_owner_checked, lost_fires_and_run_stops,
+            stale_fenced_writes_refused, checkpoint_handed_to_successor, drop_releases,
+            many_locks_on_one_instance, same_instance_contends, invalid_names_rejected,
+            fenced_state_round_trip);
+    };
+    (@each $factory:expr; $($check:ident),* $(,)?) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $check() {
+                let factory = $factory;
+                $crate::testkit::$check(&factory).await;
+            }
+        )*
+    };
+}

@@ -1,0 +1,2 @@
+//! Test support: real servers on free loopback ports.
+#![forbid(unsafe_code)]
