@@ -1,2 +1,16 @@
-//! Test support: real servers on free loopback ports.
+//! Test support for fencelock: real servers on free loopback ports, and a fault proxy.
+//!
+//! Servers keep their data and logs under [`tmp_root`] (`$FENCELOCK_TEST_TMP` when set, which
+//! `scripts/test` reaps afterwards). Each server has a watchdog that kills it when the test
+//! process exits, so a server shared through a `static` never outlives its test binary. A
+//! server that fails to start panics with its log.
 #![forbid(unsafe_code)]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test support: a panic is the report
+
+mod etcd;
+mod process;
+mod proxy;
+
+pub use etcd::{EtcdCluster, EtcdMember};
+pub use process::{free_port, tmp_root, unique};
+pub use proxy::{ProxyMode, TcpProxy};

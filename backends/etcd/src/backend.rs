@@ -1,0 +1,267 @@
+//! [`EtcdBackend`]: sessions, local turns, and the acquire flow.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, TlsOptions, Txn,
+    TxnOp,
+};
+use fencelock::{Error, FencingToken, LockBackend, LockGuard, LockName, Result, Wait};
+use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
+use tokio::task::JoinHandle;
+
+use crate::held::EtcdHeld;
+use crate::keys::Keys;
+use crate::mutex::{self, Queued};
+use crate::session::{lost_error, Session};
+use crate::{call, EtcdConfig, KIND};
+
+/// A [`LockBackend`] on an etcd cluster.
+///
+/// One instance is one client session: one lease, granted on the first acquire, kept alive by
+/// the instance at TTL/3 and shared by all its locks; when it is lost, every guard of the
+/// session fires `lost` and the next acquire starts a new lease. Separate instances contend like
+/// separate processes. Locks are compatible with Go's `concurrency.Mutex` and `etcdctl lock`
+/// (see the crate docs for the key layout).
+///
+/// Round trips: an uncontended acquire with a live session is one Txn (the first acquire of a
+/// session adds one lease grant); a contended acquire adds one Range and one Watch per
+/// predecessor that leaves, then one confirming Txn; release is one Txn; each fenced operation
+/// is one Txn.
+pub struct EtcdBackend {
+    client: Client,
+    config: EtcdConfig,
+    keys: Keys,
+    session: AsyncMutex<Option<Arc<Session>>>,
+}
+
+impl std::fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdBackend {
+    /// Connects to the cluster and checks that it answers (and that the credentials work).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for bad settings; [`Error::Backend`] when no endpoint answers
+    /// within `connect_timeout` or authentication fails.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: nothing is written to etcd.
+    pub async fn connect(config: EtcdConfig) -> Result<Self> {
+        config.validate()?;
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(config.connect_timeout)
+            // etcd answers pings more often than every 5 s (its default
+            // --grpc-keepalive-min-time) with GOAWAY.
+            .with_keep_alive(
+                Duration::from_secs(5).max(config.ttl / 3),
+                config.request_timeout,
+            )
+            .with_keep_alive_while_idle(true)
+            .with_require_leader(true);
+        if let (Some(user), Some(password)) = (&config.user, &config.password) {
+            options = options.with_user(user.clone(), password.clone());
+        }
+        if let Some(tls) = &config.tls {
+            let mut tls_options =
+                TlsOptions::new().ca_certificate(Certificate::from_pem(&tls.ca_pem));
+            if let Some((cert, key)) = &tls.client_cert_pem {
+                tls_options = tls_options.identity(Identity::from_pem(cert, key));
+            }
+            if let Some(domain) = &tls.domain {
+                tls_options = tls_options.domain_name(domain.clone());
+            }
+            options = options.with_tls(tls_options);
+        }
+        let reach = format!(
+            "connect to {:?} (check that etcd runs there, the endpoints, credentials and TLS settings)",
+            config.endpoints
+        );
+        let client = call(
+            &reach,
+            config.connect_timeout,
+            Client::connect(&config.endpoints, Some(options)),
+        )
+        .await?;
+        let probe = GetOptions::new().with_count_only();
+        call(&reach, config.connect_timeout, {
+            let (mut client, prefix) = (client.clone(), config.prefix.clone());
+            async move { client.get(prefix, Some(probe)).await }
+        })
+        .await?;
+        Ok(EtcdBackend {
+            client,
+            keys: Keys::new(&config.prefix),
+            config,
+            session: AsyncMutex::new(None),
+        })
+    }
+
+    /// The settings this backend runs with.
+    pub fn config(&self) -> &EtcdConfig {
+        &self.config
+    }
+
+    /// The current session's lease id, if a session is live (for diagnostics: it is the hex
+    /// suffix of this instance's lock keys).
+    pub async fn lease_id(&self) -> Option<i64> {
+        self.session
+            .lock()
+            .await
+            .as_ref()
+            .filter(|s| s.is_live())
+            .map(|s| s.lease)
+    }
+
+    async fn session(&self) -> Result<Arc<Session>> {
+        let mut slot = self.session.lock().await;
+        if let Some(live) = slot.as_ref().filter(|s| s.is_live()) {
+            return Ok(Arc::clone(live));
+        }
+        let session = Session::grant(&self.client, &self.config).await?;
+        *slot = Some(Arc::clone(&session));
+        Ok(session)
+    }
+
+    async fn acquire_once(&self, name: &LockName, try_once: bool) -> Result<LockGuard> {
+        let session = self.session().await?;
+        let queue = session.local_queue(name);
+        let turn = if try_once {
+            queue.try_lock_owned().map_err(|_| would_block(name))?
+        } else {
+            session
+                .local_turn(queue)
+                .await
+                .ok_or_else(|| lost_error(name))?
+        };
+        let limit = self.config.request_timeout;
+        let mut pending = Pending {
+            enqueue: Some(tokio::spawn({
+                let (client, keys, name, session) = (
+                    self.client.clone(),
+                    self.keys.clone(),
+                    name.clone(),
+                    Arc::clone(&session),
+                );
+                async move { mutex::enqueue(&client, &keys, &name, &session, limit).await }
+            })),
+            key: Some(self.keys.lock_key(name, session.lease)),
+            lease: session.lease,
+            client: self.client.clone(),
+            limit,
+            turn: Some(turn),
+        };
+        let queued = pending.queued(name).await?;
+        let checkpoint = if queued.owner {
+            queued.checkpoint.clone()
+        } else if try_once {
+            return Err(would_block(name)); // `pending` deletes our key
+        } else {
+            mutex::wait_for_turn(&self.client, &self.keys, name, &queued, &session, limit).await?
+        };
+        let turn = pending.disarm()?;
+        tracing::info!(lock = %name, token = queued.token, key = %queued.key, "etcd: acquired");
+        let held = EtcdHeld {
+            client: self.client.clone(),
+            keys: self.keys.clone(),
+            name: name.clone(),
+            key: queued.key,
+            token: queued.token,
+            limit,
+            _session: Arc::clone(&session),
+            _turn: turn,
+        };
+        Ok(LockGuard::new(
+            KIND,
+            name.clone(),
+            FencingToken::new(queued.token.unsigned_abs()),
+            Arc::clone(&session.clock),
+            checkpoint,
+            Box::new(held),
+        ))
+    }
+}
+
+#[async_trait]
+impl LockBackend for EtcdBackend {
+    fn kind(&self) -> &'static str {
+        KIND
+    }
+
+    async fn acquire(&self, name: &LockName, wait: Wait) -> Result<LockGuard> {
+        wait.limit(name, self.acquire_once(name, wait == Wait::Try))
+            .await
+    }
+}
+
+fn would_block(name: &LockName) -> Error {
+    Error::WouldBlock {
+        name: name.to_string(),
+    }
+}
+
+/// An acquire in progress. Unless disarmed, dropping it (the acquire failed, timed out or was
+/// cancelled) deletes our key in the background, after the enqueue request has finished so that
+/// a Put still in flight cannot land after the delete, and keeps this session's turn on the
+/// name until then, so that the delete cannot hit the key of our own next acquisition.
+struct Pending {
+    enqueue: Option<JoinHandle<Result<Queued>>>,
+    key: Option<String>,
+    lease: i64,
+    client: Client,
+    limit: Duration,
+    turn: Option<OwnedMutexGuard<()>>,
+}
+
+impl Pending {
+    async fn queued(&mut self, name: &LockName) -> Result<Queued> {
+        let Some(task) = self.enqueue.as_mut() else {
+            return Err(lost_error(name));
+        };
+        let out = task
+            .await
+            .map_err(|e| Error::backend(KIND, "enqueue task failed", e))?;
+        self.enqueue = None;
+        out
+    }
+
+    fn disarm(mut self) -> Result<OwnedMutexGuard<()>> {
+        self.key = None;
+        self.turn
+            .take()
+            .ok_or_else(|| Error::backend(KIND, "internal: turn already taken", "no turn"))
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let Some(key) = self.key.take() else { return };
+        let (enqueue, turn) = (self.enqueue.take(), self.turn.take());
+        let (client, lease, limit) = (self.client.clone(), self.lease, self.limit);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(%key, "etcd: acquire dropped outside a runtime; its key ends with the lease");
+            return;
+        };
+        runtime.spawn(async move {
+            if let Some(task) = enqueue {
+                let _ = task.await;
+            }
+            // Any key of this name on our lease is from this attempt (we hold the turn).
+            let txn = Txn::new()
+                .when([Compare::lease(key.as_str(), CompareOp::Equal, lease)])
+                .and_then([TxnOp::delete(key.as_str(), None)]);
+            match mutex::txn_call("withdraw a cancelled acquire", &client, txn, limit).await {
+                Ok(_) => tracing::debug!(%key, "etcd: cancelled acquire withdrawn"),
+                Err(e) => tracing::warn!(%key, error = %e, "etcd: could not withdraw a cancelled acquire; its key ends with the lease"),
+            }
+            drop(turn);
+        });
+    }
+}

@@ -1,0 +1,208 @@
+//! The session: one lease per backend instance, kept alive by us at TTL/3.
+//!
+//! etcd-client's keeper sends one request per call and never reconnects, so the schedule, the
+//! conservative deadline and the reopening of broken streams are ours.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::Duration;
+
+use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
+use fencelock::{Error, LeaseClock, LockName, Result};
+use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+
+use crate::{call, EtcdConfig};
+
+/// One granted lease and everything tied to it.
+pub(crate) struct Session {
+    pub(crate) lease: i64,
+    pub(crate) clock: Arc<LeaseClock>,
+    client: Client,
+    request_timeout: Duration,
+    keep_alive: JoinHandle<()>,
+    /// All contenders of one session share one key per lock (the key is named after the lease),
+    /// so tasks of this session take turns per lock name here before touching etcd.
+    local: Mutex<HashMap<LockName, Weak<AsyncMutex<()>>>>,
+}
+
+impl Session {
+    /// Grants a lease and starts keeping it alive.
+    pub(crate) async fn grant(client: &Client, config: &EtcdConfig) -> Result<Arc<Session>> {
+        let ttl_secs =
+            i64::try_from(config.ttl.as_secs()).map_err(|_| Error::config("ttl", "too large"))?;
+        let sent = Instant::now();
+        let granted = call("grant a session lease", config.request_timeout, {
+            let mut client = client.clone();
+            async move { client.lease_grant(ttl_secs, None).await }
+        })
+        .await?;
+        // The server may grant more than asked (its minimum); never assume more than we asked.
+        let ttl = Duration::from_secs(granted.ttl().clamp(0, ttl_secs).unsigned_abs());
+        let clock = LeaseClock::start(sent, ttl, config.safety_margin);
+        tracing::info!(
+            lease = format_args!("{:x}", granted.id()),
+            ?ttl,
+            "etcd: session lease granted"
+        );
+        let keep_alive = tokio::spawn(keep_alive(
+            client.clone(),
+            granted.id(),
+            ttl,
+            config.request_timeout,
+            Arc::clone(&clock),
+        ));
+        Ok(Arc::new(Session {
+            lease: granted.id(),
+            clock,
+            client: client.clone(),
+            request_timeout: config.request_timeout,
+            keep_alive,
+            local: Mutex::new(HashMap::new()),
+        }))
+    }
+
+    pub(crate) fn is_live(&self) -> bool {
+        !self.clock.lost_token().is_cancelled()
+    }
+
+    /// The per-name turn of this session (FIFO among its tasks).
+    pub(crate) fn local_queue(&self, name: &LockName) -> Arc<AsyncMutex<()>> {
+        let mut local = self.local.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(queue) = local.get(name).and_then(Weak::upgrade) {
+            return queue;
+        }
+        local.retain(|_, q| q.strong_count() > 0);
+        let queue = Arc::new(AsyncMutex::new(()));
+        local.insert(name.clone(), Arc::downgrade(&queue));
+        queue
+    }
+
+    /// Waits for this session's turn on `name`; `None` if the session ends first.
+    pub(crate) async fn local_turn(
+        &self,
+        queue: Arc<AsyncMutex<()>>,
+    ) -> Option<OwnedMutexGuard<()>> {
+        tokio::select! {
+            turn = queue.lock_owned() => Some(turn),
+            () = self.clock.lost_token().cancelled() => None,
+        }
+    }
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("lease", &format_args!("{:x}", self.lease))
+            .field("live", &self.is_live())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        // Like Go's Session.Close: revoke, so our keys vanish now instead of after the TTL.
+        self.keep_alive.abort();
+        self.clock.lose();
+        let (mut client, lease, limit) = (self.client.clone(), self.lease, self.request_timeout);
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = tokio::time::timeout(limit, client.lease_revoke(lease)).await;
+            });
+        }
+    }
+}
+
+enum Renewal {
+    Alive(Duration),
+    Gone,
+    Failed(String),
+}
+
+async fn keep_alive(
+    mut client: Client,
+    lease: i64,
+    ttl: Duration,
+    request_timeout: Duration,
+    clock: Arc<LeaseClock>,
+) {
+    let interval = ttl / 3;
+    let limit = request_timeout.min(interval);
+    let mut stream: Option<(LeaseKeeper, LeaseKeepAliveStream)> = None;
+    let mut next = Instant::now() + interval;
+    // One renewal per pass; the loop ends when the lease is lost (deadline passed or the server
+    // says it is gone), which a failing connection reaches within one TTL.
+    loop {
+        tokio::select! {
+            () = clock.lost_token().cancelled() => break,
+            () = tokio::time::sleep_until(next) => {}
+        }
+        let sent = Instant::now();
+        let outcome = tokio::time::timeout(limit, renew(&mut client, lease, &mut stream))
+            .await
+            .unwrap_or_else(|_| Renewal::Failed(format!("no answer within {limit:?}")));
+        match outcome {
+            Renewal::Alive(granted) => {
+                clock.renewed(sent, granted.min(ttl));
+                next = sent + interval;
+            }
+            Renewal::Gone => {
+                tracing::warn!(
+                    lease = format_args!("{lease:x}"),
+                    "etcd: lease expired on the server; every lock of this session is lost"
+                );
+                clock.lose();
+                break;
+            }
+            Renewal::Failed(why) => {
+                tracing::warn!(lease = format_args!("{lease:x}"), %why, "etcd: lease renewal failed; retrying on a new stream");
+                stream = None;
+                next = Instant::now() + Duration::from_millis(200).min(interval);
+            }
+        }
+    }
+    tracing::warn!(lease = format_args!("{lease:x}"), "etcd: session lost");
+    // Best effort: free our keys for the next holders now rather than at server-side expiry.
+    let _ = tokio::time::timeout(limit, client.lease_revoke(lease)).await;
+}
+
+async fn renew(
+    client: &mut Client,
+    lease: i64,
+    stream: &mut Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+) -> Renewal {
+    let Some((keeper, responses)) = stream.as_mut() else {
+        // Opening a stream sends a first renewal and waits for its answer.
+        return match client.lease_keep_alive(lease).await {
+            Ok(opened) => {
+                *stream = Some(opened);
+                Renewal::Alive(Duration::MAX)
+            }
+            Err(e) if lease_gone(&e) => Renewal::Gone,
+            Err(e) => Renewal::Failed(e.to_string()),
+        };
+    };
+    if let Err(e) = keeper.keep_alive().await {
+        return Renewal::Failed(e.to_string());
+    }
+    match responses.message().await {
+        Ok(Some(resp)) if resp.ttl() > 0 => {
+            Renewal::Alive(Duration::from_secs(resp.ttl().unsigned_abs()))
+        }
+        Ok(Some(_)) => Renewal::Gone,
+        Ok(None) => Renewal::Failed("keepalive stream closed".into()),
+        Err(e) if lease_gone(&e) => Renewal::Gone,
+        Err(e) => Renewal::Failed(e.to_string()),
+    }
+}
+
+fn lease_gone(e: &etcd_client::Error) -> bool {
+    e.to_string().contains("lease not found")
+}
+
+pub(crate) fn lost_error(name: &LockName) -> Error {
+    Error::LockLost {
+        name: name.to_string(),
+    }
+}

@@ -1,0 +1,173 @@
+//! etcd single nodes and clusters.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+use crate::process::{free_port, http_get_contains, tmp_root, unique, Server};
+
+/// One member of an [`EtcdCluster`].
+#[derive(Debug)]
+pub struct EtcdMember {
+    /// The member's name (`n0`, `n1`, ...).
+    pub name: String,
+    /// Client port on 127.0.0.1.
+    pub client_port: u16,
+    /// Peer port on 127.0.0.1.
+    pub peer_port: u16,
+    server: Server,
+}
+
+/// A real etcd cluster (1 or 3 members) on loopback, stopped on drop.
+#[derive(Debug)]
+pub struct EtcdCluster {
+    /// The members, in start order.
+    pub members: Vec<EtcdMember>,
+    /// The folder holding every member's data and log.
+    pub dir: PathBuf,
+}
+
+impl EtcdCluster {
+    /// Starts a cluster of `size` members and waits until it is healthy.
+    pub fn start(size: usize) -> Self {
+        Self::start_with(size, &[])
+    }
+
+    /// Starts a cluster of `size` members with `extra` flags on each.
+    pub fn start_with(size: usize, extra: &[&str]) -> Self {
+        let dir = tmp_root().join(unique("etcd"));
+        let ports: Vec<(u16, u16)> = (0..size).map(|_| (free_port(), free_port())).collect();
+        let initial: Vec<String> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, peer))| format!("n{i}=http://127.0.0.1:{peer}"))
+            .collect();
+        let token = unique("cluster");
+        let members = ports
+            .iter()
+            .enumerate()
+            .map(|(i, &(client_port, peer_port))| {
+                let name = format!("n{i}");
+                let member_dir = dir.join(&name);
+                let mut args: Vec<String> = [
+                    "--name",
+                    &name,
+                    "--data-dir",
+                    &member_dir.join("data").to_string_lossy(),
+                    "--listen-client-urls",
+                    &format!("http://127.0.0.1:{client_port}"),
+                    "--advertise-client-urls",
+                    &format!("http://127.0.0.1:{client_port}"),
+                    "--listen-peer-urls",
+                    &format!("http://127.0.0.1:{peer_port}"),
+                    "--initial-advertise-peer-urls",
+                    &format!("http://127.0.0.1:{peer_port}"),
+                    "--initial-cluster",
+                    &initial.join(","),
+                    "--initial-cluster-state",
+                    "new",
+                    "--initial-cluster-token",
+                    &token,
+                    "--unsafe-no-fsync",
+                    "--log-level",
+                    "warn",
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+                args.extend(extra.iter().map(|s| s.to_string()));
+                EtcdMember {
+                    name,
+                    client_port,
+                    peer_port,
+                    server: Server::spawn("etcd", args, &member_dir),
+                }
+            })
+            .collect();
+        let mut cluster = EtcdCluster { members, dir };
+        for i in 0..size {
+            cluster.wait_healthy(i);
+        }
+        cluster
+    }
+
+    fn wait_healthy(&mut self, i: usize) {
+        let member = &mut self.members[i];
+        let port = member.client_port;
+        let what = format!("etcd member {} on 127.0.0.1:{port}", member.name);
+        member
+            .server
+            .wait_ready(&what, Duration::from_secs(30), || {
+                http_get_contains(port, "/health", "\"health\":\"true\"")
+            });
+    }
+
+    /// Client URLs of all members: `http://127.0.0.1:PORT`.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .map(|m| format!("http://127.0.0.1:{}", m.client_port))
+            .collect()
+    }
+
+    /// Kills member `i` with SIGKILL.
+    pub fn kill(&mut self, i: usize) {
+        self.members[i].server.kill();
+    }
+
+    /// Restarts member `i` (after [`kill`](Self::kill)) with its data, and waits for it.
+    pub fn restart(&mut self, i: usize) {
+        self.members[i].server.start();
+        self.wait_healthy(i);
+    }
+
+    /// Pauses (`true`) or resumes member `i` with SIGSTOP / SIGCONT.
+    pub fn pause(&self, i: usize, paused: bool) {
+        self.members[i]
+            .server
+            .signal(if paused { "-STOP" } else { "-CONT" });
+    }
+
+    /// The index of the current leader, as the members report it.
+    pub fn leader(&self) -> Option<usize> {
+        let out = self.etcdctl(&["endpoint", "status", "-w", "simple"]).ok()?;
+        // Lines: endpoint, id, version, db size, is_leader, ...
+        for line in out.lines() {
+            let cols: Vec<&str> = line.split(',').map(str::trim).collect();
+            if cols.len() > 4 && cols[4] == "true" {
+                return self.endpoints().iter().position(|e| e == cols[0]);
+            }
+        }
+        None
+    }
+
+    /// Runs `etcdctl` (API v3) against the live members; stdout on success.
+    pub fn etcdctl(&self, args: &[&str]) -> Result<String, String> {
+        let live: Vec<String> = self
+            .members
+            .iter()
+            .filter(|m| m.server.child.is_some())
+            .map(|m| format!("http://127.0.0.1:{}", m.client_port))
+            .collect();
+        let out = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", live.join(",")))
+            .args(args)
+            .output()
+            .map_err(|e| format!("cannot run etcdctl: {e}"))?;
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    /// The last lines of every member's log, for panic messages.
+    pub fn logs(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| format!("--- {} ---\n{}", m.name, m.server.log_tail()))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}

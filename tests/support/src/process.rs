@@ -1,0 +1,168 @@
+//! Server processes: ports, folders, logs, and the watchdog.
+
+use std::fs::File;
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("bind a free loopback port")
+}
+
+/// The folder under which every server keeps its data and log.
+pub fn tmp_root() -> PathBuf {
+    let root = std::env::var_os("FENCELOCK_TEST_TMP")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| std::env::temp_dir().join("fencelock-test"));
+    std::fs::create_dir_all(&root).expect("create the test tmp folder");
+    root
+}
+
+/// A string unique within this machine's test runs: for prefixes, folders and names.
+pub fn unique(base: &str) -> String {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        "{base}-{}-{nanos:x}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A server process with its log file, killed on drop and by a watchdog when the test exits.
+#[derive(Debug)]
+pub(crate) struct Server {
+    pub(crate) child: Option<Child>,
+    pub(crate) log: PathBuf,
+    program: String,
+    args: Vec<String>,
+}
+
+impl Server {
+    pub(crate) fn spawn(program: &str, args: Vec<String>, dir: &Path) -> Server {
+        std::fs::create_dir_all(dir).expect("create the server folder");
+        let mut server = Server {
+            child: None,
+            log: dir.join("server.log"),
+            program: program.to_owned(),
+            args,
+        };
+        server.start();
+        server
+    }
+
+    pub(crate) fn start(&mut self) {
+        assert!(self.child.is_none(), "server already running");
+        let log = File::options()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("open the server log");
+        let child = Command::new(&self.program)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("clone log handle"))
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot start {}: {e}; run scripts/test, which installs the servers",
+                    self.program
+                )
+            });
+        watchdog(child.id());
+        self.child = Some(child);
+    }
+
+    /// SIGKILL and wait.
+    pub(crate) fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGSTOP / SIGCONT.
+    pub(crate) fn signal(&self, signal: &str) {
+        if let Some(child) = &self.child {
+            let status = Command::new("kill")
+                .args([signal, &child.id().to_string()])
+                .status()
+                .expect("run kill");
+            assert!(status.success(), "kill {signal} failed");
+        }
+    }
+
+    pub(crate) fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// Panics with the log unless `ready` turns true within `limit`.
+    pub(crate) fn wait_ready(&mut self, what: &str, limit: Duration, ready: impl Fn() -> bool) {
+        let start = Instant::now();
+        while start.elapsed() < limit {
+            if ready() {
+                return;
+            }
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                panic!(
+                    "{what} exited with {status} while starting; log:\n{}",
+                    self.log_tail()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!(
+            "{what} was not ready within {limit:?}; log:\n{}",
+            self.log_tail()
+        );
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Kills `pid` once this test process is gone (checked every second, for at most an hour).
+fn watchdog(pid: u32) {
+    let script = format!(
+        "i=0; while kill -0 {me} 2>/dev/null && [ $i -lt 3600 ]; do sleep 1; i=$((i+1)); done; \
+         kill -9 {pid} 2>/dev/null",
+        me = std::process::id()
+    );
+    let _ = Command::new("sh")
+        .args(["-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+}
+
+/// True when an HTTP GET of `path` on `port` answers with `expect` in the body.
+pub(crate) fn http_get_contains(port: u16, path: &str, expect: &str) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    if stream.write_all(request.as_bytes()).is_err() {
+        return false;
+    }
+    let mut body = String::new();
+    let _ = stream.read_to_string(&mut body);
+    body.contains(expect)
+}

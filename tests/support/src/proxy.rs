@@ -1,0 +1,84 @@
+//! A TCP proxy on loopback that can stop forwarding, to cut a client off from a server.
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// What the proxy does with traffic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ProxyMode {
+    /// Forward both ways.
+    Forward,
+    /// Accept and hold connections but forward nothing and send no RST: the hard case, where
+    /// the client only learns of the cut from its own timers.
+    BlackHole,
+}
+
+/// A proxy from a free loopback port to `target`, running on the current Tokio runtime.
+#[derive(Debug)]
+pub struct TcpProxy {
+    /// The port clients connect to.
+    pub port: u16,
+    mode: watch::Sender<ProxyMode>,
+}
+
+impl TcpProxy {
+    /// Starts forwarding `127.0.0.1:{port}` to `target` (`host:port`).
+    pub async fn start(target: String) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let port = listener.local_addr().expect("proxy address").port();
+        let (mode, rx) = watch::channel(ProxyMode::Forward);
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let target = target.clone();
+                let rx = rx.clone();
+                tokio::spawn(async move {
+                    if let Ok(server) = TcpStream::connect(&target).await {
+                        pipe(client, server, rx).await;
+                    }
+                });
+            }
+        });
+        TcpProxy { port, mode }
+    }
+
+    /// The proxy's endpoint URL.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Switches every connection, present and future, to `mode`.
+    pub fn set_mode(&self, mode: ProxyMode) {
+        let _ = self.mode.send(mode);
+    }
+}
+
+async fn pipe(client: TcpStream, server: TcpStream, mode: watch::Receiver<ProxyMode>) {
+    let (mut cr, mut cw) = client.into_split();
+    let (mut sr, mut sw) = server.into_split();
+    let up = copy(&mut cr, &mut sw, mode.clone());
+    let down = copy(&mut sr, &mut cw, mode);
+    tokio::select! { _ = up => {}, _ = down => {} }
+}
+
+async fn copy(
+    from: &mut (impl AsyncReadExt + Unpin),
+    to: &mut (impl AsyncWriteExt + Unpin),
+    mut mode: watch::Receiver<ProxyMode>,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        // In a black hole, bytes are read and dropped until forwarding resumes (never, in
+        // practice: a cut-off test does not heal the connection it cut).
+        if *mode.borrow_and_update() == ProxyMode::BlackHole {
+            continue;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
