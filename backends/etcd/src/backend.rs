@@ -175,6 +175,7 @@ impl EtcdBackend {
             key: queued.key,
             token: queued.token,
             limit,
+            ttl: self.config.ttl,
             _session: Arc::clone(&session),
             _turn: turn,
         };

@@ -9,7 +9,7 @@ use fencelock::{Error, FencingToken, HeldLock, LockName, ReleaseOutcome, Result,
 use tokio::sync::OwnedMutexGuard;
 
 use crate::keys::Keys;
-use crate::mutex::{delete_if_created, txn_call};
+use crate::mutex::{attempt_limit, delete_if_created, release_key, txn_call};
 use crate::session::Session;
 
 /// Every operation is one Txn conditioned on `create_revision(our key) == token`: true exactly
@@ -22,6 +22,7 @@ pub(crate) struct EtcdHeld {
     pub(crate) key: String,
     pub(crate) token: i64,
     pub(crate) limit: Duration,
+    pub(crate) ttl: Duration,
     /// Keeps the session (and its lease) alive while the guard lives.
     pub(crate) _session: Arc<Session>,
     /// This session's turn on the name, held until the release is done.
@@ -29,6 +30,35 @@ pub(crate) struct EtcdHeld {
 }
 
 impl EtcdHeld {
+    /// A key left behind blocks every other contender until our session ends, so a release that
+    /// failed goes on in the background while the session lives (like Curator's guaranteed
+    /// delete). The compare on the token keeps it from touching a later key of ours.
+    fn keep_releasing(&self) {
+        let (client, key, token, session) = (
+            self.client.clone(),
+            self.key.clone(),
+            self.token,
+            Arc::clone(&self._session),
+        );
+        let attempt = attempt_limit(self.limit, self.ttl);
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        tracing::warn!(key = %self.key, "etcd: release failed; retrying in the background while the session lives");
+        runtime.spawn(async move {
+            // Ends with success or with the session (whose lease takes the key with it).
+            while session.is_live() {
+                if delete_if_created(&client, &key, token, attempt)
+                    .await
+                    .is_ok()
+                {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        });
+    }
+
     async fn fenced(&self, what: &str, op: TxnOp) -> Result<Option<TxnOpResponse>> {
         let txn = Txn::new()
             .when([Compare::create_revision(
@@ -60,7 +90,15 @@ impl std::fmt::Debug for EtcdHeld {
 #[async_trait]
 impl HeldLock for EtcdHeld {
     async fn release(&self) -> Result<ReleaseOutcome> {
-        let released = delete_if_created(&self.client, &self.key, self.token, self.limit).await?;
+        let attempt = attempt_limit(self.limit, self.ttl);
+        let released =
+            match release_key(&self.client, &self.key, self.token, attempt, self.limit).await {
+                Ok(released) => released,
+                Err(e) => {
+                    self.keep_releasing();
+                    return Err(e);
+                }
+            };
         tracing::info!(lock = %self.name, token = self.token, released, "etcd: release");
         Ok(if released {
             ReleaseOutcome::Released

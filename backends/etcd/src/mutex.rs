@@ -212,6 +212,37 @@ pub(crate) async fn delete_if_created(
         .succeeded())
 }
 
+/// How long one attempt of a retried request may take: short enough that a request stuck on a
+/// dead leader is abandoned well within the request budget.
+pub(crate) fn attempt_limit(request_timeout: Duration, ttl: Duration) -> Duration {
+    request_timeout.min((ttl / 3).max(Duration::from_millis(500)))
+}
+
+/// Owner-checked delete, retried within `budget`. During a leader change a single request can
+/// hang until the server gives up on it; the compare makes every retry safe.
+pub(crate) async fn release_key(
+    client: &Client,
+    key: &str,
+    token: i64,
+    attempt: Duration,
+    budget: Duration,
+) -> Result<bool> {
+    let start = tokio::time::Instant::now();
+    // Bounded by `budget`.
+    loop {
+        match delete_if_created(client, key, token, attempt).await {
+            Ok(done) => return Ok(done),
+            Err(e) if start.elapsed() + RETRY_PAUSE >= budget => return Err(e),
+            Err(e) => {
+                tracing::debug!(%key, error = %e, "etcd: release attempt failed; retrying");
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+        }
+    }
+}
+
+const RETRY_PAUSE: Duration = Duration::from_millis(200);
+
 pub(crate) async fn txn_call(
     what: &str,
     client: &Client,

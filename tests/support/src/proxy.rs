@@ -53,18 +53,31 @@ impl TcpProxy {
     }
 }
 
-async fn pipe(client: TcpStream, server: TcpStream, mode: watch::Receiver<ProxyMode>) {
+async fn pipe(client: TcpStream, server: TcpStream, mut mode: watch::Receiver<ProxyMode>) {
     let (mut cr, mut cw) = client.into_split();
     let (mut sr, mut sw) = server.into_split();
     let up = copy(&mut cr, &mut sw, mode.clone());
-    let down = copy(&mut sr, &mut cw, mode);
-    tokio::select! { _ = up => {}, _ = down => {} }
+    let down = copy(&mut sr, &mut cw, mode.clone());
+    // A connection that was black-holed has lost bytes mid-stream: when forwarding resumes it is
+    // closed, so the client reconnects instead of talking over a corrupted stream.
+    let healed = async {
+        let mut cut = *mode.borrow_and_update() == ProxyMode::BlackHole;
+        while mode.changed().await.is_ok() {
+            match *mode.borrow_and_update() {
+                ProxyMode::BlackHole => cut = true,
+                ProxyMode::Forward if cut => return,
+                ProxyMode::Forward => {}
+            }
+        }
+        std::future::pending::<()>().await;
+    };
+    tokio::select! { _ = up => {}, _ = down => {}, () = healed => {} }
 }
 
 async fn copy(
     from: &mut (impl AsyncReadExt + Unpin),
     to: &mut (impl AsyncWriteExt + Unpin),
-    mut mode: watch::Receiver<ProxyMode>,
+    mode: watch::Receiver<ProxyMode>,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -72,10 +85,8 @@ async fn copy(
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
-        // In a black hole, bytes are read and dropped until forwarding resumes (never, in
-        // practice: a cut-off test does not heal the connection it cut).
-        if *mode.borrow_and_update() == ProxyMode::BlackHole {
-            continue;
+        if *mode.borrow() == ProxyMode::BlackHole {
+            continue; // read and dropped: no RST, no FIN, nothing
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;

@@ -1,0 +1,217 @@
+//! Faults against real etcd: a client cut off by a black hole, and the leader killed during holds.
+//! Each test starts its own servers, since it breaks them.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fencelock::{LockBackendExt, ReleaseOutcome};
+use fencelock_etcd::EtcdBackend;
+use fencelock_testsupport::{unique, EtcdCluster, ProxyMode, TcpProxy};
+use tokio::time::Instant;
+
+const BOUND: Duration = Duration::from_secs(60);
+
+async fn bounded<T>(what: &str, fut: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(BOUND, fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not within {BOUND:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cut_off_client_is_lost_before_a_successor_is_granted_and_is_fenced() {
+    let cluster = EtcdCluster::start(1);
+    let proxy = TcpProxy::start(format!("127.0.0.1:{}", cluster.members[0].client_port)).await;
+    let prefix = format!("{}/", unique("cut"));
+    let a = EtcdBackend::connect(common::config(vec![proxy.endpoint()], &prefix))
+        .await
+        .unwrap();
+    let b = Arc::new(
+        EtcdBackend::connect(common::config(cluster.endpoints(), &prefix))
+            .await
+            .unwrap(),
+    );
+    let stale = a.lock("job").await.unwrap();
+    stale.fenced_put("owner", "a").await.unwrap();
+
+    proxy.set_mode(ProxyMode::BlackHole);
+    let cut_at = Instant::now();
+    let waiting = {
+        let b = Arc::clone(&b);
+        tokio::spawn(async move {
+            let guard = b.lock("job").await;
+            (guard, Instant::now())
+        })
+    };
+    bounded("lost after the cut", stale.lost()).await;
+    let lost_at = Instant::now();
+    let (next, granted_at) = bounded("successor granted", waiting).await.unwrap();
+    let next = next.unwrap();
+    eprintln!(
+        "cut-off: lost {:?} after the cut, successor granted {:?} after the cut (TTL {:?})",
+        lost_at - cut_at,
+        granted_at - cut_at,
+        common::TTL
+    );
+    assert!(
+        lost_at < granted_at,
+        "lost must fire before another client can be granted the lock"
+    );
+    assert!(next.token() > stale.token());
+    assert!(stale
+        .fenced_put("owner", "a-late")
+        .await
+        .unwrap_err()
+        .is_lost());
+    next.fenced_put("owner", "b").await.unwrap();
+
+    // Heal the link and wait until `a` talks to etcd again (a new session): then the stale
+    // guard's release reaches the store, which refuses to delete the successor's lock.
+    proxy.set_mode(ProxyMode::Forward);
+    let other = bounded("a reconnects", async {
+        loop {
+            match a.lock_timeout("other", Duration::from_secs(5)).await {
+                Ok(guard) => break guard,
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    })
+    .await;
+    assert_eq!(stale.release().await.unwrap(), ReleaseOutcome::NotOwned);
+    assert!(
+        b.try_lock("job").await.is_err(),
+        "the successor must still hold the lock"
+    );
+    assert_eq!(
+        next.fenced_get("owner").await.unwrap().as_deref(),
+        Some(&b"b"[..])
+    );
+    let _ = other.release().await.unwrap();
+    let _ = next.release().await.unwrap();
+}
+
+/// Contenders loop on one lock while the leader is killed and restarted: no two holders at
+/// once, every accepted fenced write carries a greater token, and work goes on afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_kill_keeps_exclusion_and_progress() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let mut cluster = EtcdCluster::start(3);
+    let prefix = format!("{}/", unique("leader"));
+    let inside = Arc::new(AtomicUsize::new(0));
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let accepted = Arc::new(Mutex::new(Vec::<(u64, Instant)>::new()));
+    let lost = Arc::new(AtomicUsize::new(0));
+    let (stop_tx, stop) = tokio::sync::watch::channel(false);
+    let mut tasks = Vec::new();
+    for _ in 0..3 {
+        let backend = EtcdBackend::connect(common::config(cluster.endpoints(), &prefix))
+            .await
+            .unwrap();
+        let (inside, overlaps, accepted, lost, stop) = (
+            Arc::clone(&inside),
+            Arc::clone(&overlaps),
+            Arc::clone(&accepted),
+            Arc::clone(&lost),
+            stop.clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            // Bounded: at most 2,000 rounds, and the test stops it long before.
+            for _ in 0..2_000 {
+                if *stop.borrow() {
+                    break;
+                }
+                let guard = match backend
+                    .lock_timeout("ledger", Duration::from_secs(10))
+                    .await
+                {
+                    Ok(guard) => guard,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "contender: acquire failed");
+                        continue;
+                    }
+                };
+                let work = guard.run(async {
+                    let _inside = Inside::enter(&inside, &overlaps);
+                    let n: u64 = match guard.fenced_get("n").await {
+                        Ok(v) => v
+                            .and_then(|v| String::from_utf8(v).ok())
+                            .and_then(|s| s.parse().ok())
+                            .unwrap_or(0),
+                        Err(_) => return,
+                    };
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                    if guard.fenced_put("n", (n + 1).to_string()).await.is_ok() {
+                        accepted
+                            .lock()
+                            .unwrap()
+                            .push((guard.token().get(), Instant::now()));
+                    }
+                });
+                if work.await.is_err() {
+                    lost.fetch_add(1, Ordering::SeqCst);
+                }
+                let _ = guard.release().await;
+            }
+        }));
+    }
+    let count = || accepted.lock().unwrap().len();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let leader = cluster.leader().expect("a leader");
+    let before_kill = count();
+    tracing::warn!("KILLING LEADER {leader}");
+    cluster.kill(leader);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    cluster.restart(leader);
+    let after_restart = count();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let at_end = count();
+    let _ = stop_tx.send(true);
+    for task in tasks {
+        bounded("contender stops", task).await.unwrap();
+    }
+    let accepted = accepted.lock().unwrap().clone();
+    eprintln!(
+        "leader kill: {before_kill} writes before the kill, {} during, {} after the restart; {} critical sections lost",
+        after_restart - before_kill,
+        at_end - after_restart,
+        lost.load(Ordering::SeqCst)
+    );
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0, "two holders at once");
+    assert!(
+        accepted.windows(2).all(|w| w[0].0 < w[1].0),
+        "accepted tokens must increase: {accepted:?}"
+    );
+    assert!(
+        before_kill > 0 && at_end > after_restart,
+        "work must go on before and after the kill"
+    );
+    // The fenced counter agrees with the number of accepted writes: no lost update.
+    let check = EtcdBackend::connect(common::config(cluster.endpoints(), &prefix))
+        .await
+        .unwrap();
+    let guard = check.lock("ledger").await.unwrap();
+    let n = guard.fenced_get("n").await.unwrap().unwrap();
+    assert_eq!(String::from_utf8(n).unwrap(), accepted.len().to_string());
+}
+
+struct Inside<'a>(&'a AtomicUsize);
+
+impl<'a> Inside<'a> {
+    fn enter(inside: &'a AtomicUsize, overlaps: &AtomicUsize) -> Self {
+        if inside.fetch_add(1, Ordering::SeqCst) != 0 {
+            overlaps.fetch_add(1, Ordering::SeqCst);
+        }
+        Inside(inside)
+    }
+}
+
+impl Drop for Inside<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
