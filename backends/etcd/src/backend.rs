@@ -67,7 +67,10 @@ impl EtcdBackend {
             .with_keep_alive_while_idle(true)
             .with_require_leader(true);
         if let (Some(user), Some(password)) = (&config.user, &config.password) {
-            options = options.with_user(user.clone(), password.clone());
+            // etcd's auth tokens expire (5 min by default); a lock service runs for days.
+            options = options
+                .with_user(user.clone(), password.clone())
+                .with_auto_token_refresh(true);
         }
         if let Some(tls) = &config.tls {
             let mut tls_options =

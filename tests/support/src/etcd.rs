@@ -4,7 +4,10 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::Duration;
 
+use std::net::TcpStream;
+
 use crate::process::{free_port, http_get_contains, tmp_root, unique, Server};
+use crate::TlsFiles;
 
 /// One member of an [`EtcdCluster`].
 #[derive(Debug)]
@@ -23,6 +26,8 @@ pub struct EtcdMember {
 pub struct EtcdCluster {
     /// The members, in start order.
     pub members: Vec<EtcdMember>,
+    /// TLS material when the client URLs are `https://`.
+    pub tls: Option<TlsFiles>,
     /// The folder holding every member's data and log.
     pub dir: PathBuf,
 }
@@ -33,9 +38,21 @@ impl EtcdCluster {
         Self::start_with(size, &[])
     }
 
+    /// Starts a single member serving clients over TLS only, requiring client certificates
+    /// signed by its CA.
+    pub fn start_tls() -> Self {
+        let dir = tmp_root().join(unique("etcd-tls"));
+        let tls = TlsFiles::generate(&dir.join("tls"), "fencelock-client");
+        Self::start_in(dir, 1, &[], Some(tls))
+    }
+
     /// Starts a cluster of `size` members with `extra` flags on each.
     pub fn start_with(size: usize, extra: &[&str]) -> Self {
-        let dir = tmp_root().join(unique("etcd"));
+        Self::start_in(tmp_root().join(unique("etcd")), size, extra, None)
+    }
+
+    fn start_in(dir: PathBuf, size: usize, extra: &[&str], tls: Option<TlsFiles>) -> Self {
+        let scheme = if tls.is_some() { "https" } else { "http" };
         let ports: Vec<(u16, u16)> = (0..size).map(|_| (free_port(), free_port())).collect();
         let initial: Vec<String> = ports
             .iter()
@@ -55,9 +72,9 @@ impl EtcdCluster {
                     "--data-dir",
                     &member_dir.join("data").to_string_lossy(),
                     "--listen-client-urls",
-                    &format!("http://127.0.0.1:{client_port}"),
+                    &format!("{scheme}://127.0.0.1:{client_port}"),
                     "--advertise-client-urls",
-                    &format!("http://127.0.0.1:{client_port}"),
+                    &format!("{scheme}://127.0.0.1:{client_port}"),
                     "--listen-peer-urls",
                     &format!("http://127.0.0.1:{peer_port}"),
                     "--initial-advertise-peer-urls",
@@ -76,6 +93,17 @@ impl EtcdCluster {
                 .map(|s| s.to_string())
                 .collect();
                 args.extend(extra.iter().map(|s| s.to_string()));
+                if let Some(tls) = &tls {
+                    for (flag, file) in [
+                        ("--cert-file", &tls.server_cert),
+                        ("--key-file", &tls.server_key),
+                        ("--trusted-ca-file", &tls.ca),
+                    ] {
+                        args.push(flag.to_owned());
+                        args.push(file.to_string_lossy().into_owned());
+                    }
+                    args.push("--client-cert-auth".to_owned());
+                }
                 EtcdMember {
                     name,
                     client_port,
@@ -84,7 +112,7 @@ impl EtcdCluster {
                 }
             })
             .collect();
-        let mut cluster = EtcdCluster { members, dir };
+        let mut cluster = EtcdCluster { members, dir, tls };
         for i in 0..size {
             cluster.wait_healthy(i);
         }
@@ -92,21 +120,41 @@ impl EtcdCluster {
     }
 
     fn wait_healthy(&mut self, i: usize) {
+        let tls = self.tls.is_some();
         let member = &mut self.members[i];
         let port = member.client_port;
         let what = format!("etcd member {} on 127.0.0.1:{port}", member.name);
+        if !tls {
+            member
+                .server
+                .wait_ready(&what, Duration::from_secs(30), || {
+                    http_get_contains(port, "/health", "\"health\":\"true\"")
+                });
+            return;
+        }
+        // No plain-HTTP health endpoint: wait for the listener, then for etcdctl over TLS.
         member
             .server
             .wait_ready(&what, Duration::from_secs(30), || {
-                http_get_contains(port, "/health", "\"health\":\"true\"")
+                TcpStream::connect(("127.0.0.1", port)).is_ok()
             });
+        let limit = std::time::Instant::now() + Duration::from_secs(30);
+        while self.etcdctl(&["endpoint", "health"]).is_err() {
+            assert!(
+                std::time::Instant::now() < limit,
+                "{what} not healthy over TLS; log:\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
-    /// Client URLs of all members: `http://127.0.0.1:PORT`.
+    /// Client URLs of all members: `http://127.0.0.1:PORT` (`https://` with TLS).
     pub fn endpoints(&self) -> Vec<String> {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
         self.members
             .iter()
-            .map(|m| format!("http://127.0.0.1:{}", m.client_port))
+            .map(|m| format!("{scheme}://127.0.0.1:{}", m.client_port))
             .collect()
     }
 
@@ -144,14 +192,25 @@ impl EtcdCluster {
     /// Runs `etcdctl` (API v3) against the live members; stdout on success.
     pub fn etcdctl(&self, args: &[&str]) -> Result<String, String> {
         let live: Vec<String> = self
-            .members
-            .iter()
-            .filter(|m| m.server.child.is_some())
-            .map(|m| format!("http://127.0.0.1:{}", m.client_port))
+            .endpoints()
+            .into_iter()
+            .zip(&self.members)
+            .filter(|(_, m)| m.server.child.is_some())
+            .map(|(e, _)| e)
             .collect();
-        let out = Command::new("etcdctl")
-            .env("ETCDCTL_API", "3")
-            .arg(format!("--endpoints={}", live.join(",")))
+        let mut cmd = Command::new("etcdctl");
+        cmd.env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={}", live.join(",")));
+        if let Some(tls) = &self.tls {
+            for (flag, file) in [
+                ("--cacert", &tls.ca),
+                ("--cert", &tls.client_cert),
+                ("--key", &tls.client_key),
+            ] {
+                cmd.arg(format!("{flag}={}", file.to_string_lossy()));
+            }
+        }
+        let out = cmd
             .args(args)
             .output()
             .map_err(|e| format!("cannot run etcdctl: {e}"))?;

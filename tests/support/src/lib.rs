@@ -10,7 +10,9 @@
 mod etcd;
 mod process;
 mod proxy;
+mod tls;
 
 pub use etcd::{EtcdCluster, EtcdMember};
 pub use process::{free_port, tmp_root, unique};
 pub use proxy::{ProxyMode, TcpProxy};
+pub use tls::TlsFiles;
