@@ -65,9 +65,7 @@ async fn auth_root_and_a_prefix_limited_user() {
 
     // Outside its prefix the user is refused with etcd's reason.
     let outside = connect(&cluster, "other/", Some(("app", "apppw"))).await;
-    let err = outside
-        .err()
-        .expect("a prefix outside the role must be refused");
+    let err = outside.expect_err("a prefix outside the role must be refused");
     assert!(
         matches!(
             err,
@@ -86,8 +84,7 @@ async fn auth_root_and_a_prefix_limited_user() {
     ] {
         let err = connect(&cluster, "app/", creds)
             .await
-            .err()
-            .expect("must be refused");
+            .expect_err("must be refused");
         assert!(matches!(err, Error::Backend { .. }), "{err:?}");
         assert!(err.to_string().contains(why), "expected {why:?} in: {err}");
     }
