@@ -221,6 +221,20 @@ impl EtcdCluster {
         }
     }
 
+    /// gRPC messages member `i` has received for `method` (`Txn`, `Range`, `Watch`,
+    /// `LeaseGrant`, `LeaseKeepAlive`, ...), from its `/metrics`: one per unary call, one per
+    /// stream message.
+    pub fn rpc_count(&self, i: usize, method: &str) -> u64 {
+        let port = self.members[i].client_port;
+        let text = crate::process::http_get(port, "/metrics");
+        let needle = format!("grpc_method=\"{method}\"");
+        text.lines()
+            .filter(|l| l.starts_with("grpc_server_msg_received_total") && l.contains(&needle))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .map(|v| v as u64)
+            .sum()
+    }
+
     /// The last lines of every member's log, for panic messages.
     pub fn logs(&self) -> String {
         self.members

@@ -153,16 +153,21 @@ fn watchdog(pid: u32) {
 
 /// True when an HTTP GET of `path` on `port` answers with `expect` in the body.
 pub(crate) fn http_get_contains(port: u16, path: &str, expect: &str) -> bool {
+    http_get(port, path).contains(expect)
+}
+
+/// The raw response to an HTTP GET of `path` on loopback `port`; empty on failure.
+pub(crate) fn http_get(port: u16, path: &str) -> String {
     use std::io::{Read, Write};
     let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
-        return false;
+        return String::new();
     };
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(1)));
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
     let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
     if stream.write_all(request.as_bytes()).is_err() {
-        return false;
+        return String::new();
     }
     let mut body = String::new();
     let _ = stream.read_to_string(&mut body);
-    body.contains(expect)
+    body
 }

@@ -1,0 +1,102 @@
+//! Requests per operation, counted by the server (its gRPC metrics), not timed.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use fencelock::LockBackendExt;
+use fencelock_etcd::EtcdBackend;
+use fencelock_testsupport::{unique, EtcdCluster};
+
+const METHODS: [&str; 5] = ["Txn", "Range", "Watch", "LeaseGrant", "DeleteRange"];
+
+fn counts(cluster: &EtcdCluster) -> BTreeMap<&'static str, u64> {
+    METHODS
+        .iter()
+        .map(|m| (*m, cluster.rpc_count(0, m)))
+        .collect()
+}
+
+fn delta(
+    before: &BTreeMap<&'static str, u64>,
+    after: &BTreeMap<&'static str, u64>,
+) -> BTreeMap<&'static str, u64> {
+    METHODS
+        .iter()
+        .map(|m| (*m, after[m] - before[m]))
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uncontended_acquire_and_release_are_one_txn_each() {
+    let cluster = EtcdCluster::start(1);
+    let prefix = format!("{}/", unique("rt"));
+    let backend = EtcdBackend::connect(common::config(cluster.endpoints(), &prefix))
+        .await
+        .unwrap();
+
+    let before = counts(&cluster);
+    let first = backend.lock("warm").await.unwrap();
+    let first_acquire = delta(&before, &counts(&cluster));
+    let _ = first.release().await.unwrap();
+
+    let before = counts(&cluster);
+    let guard = backend.lock("job").await.unwrap();
+    let acquire = delta(&before, &counts(&cluster));
+    let before = counts(&cluster);
+    let _ = guard.release().await.unwrap();
+    let release = delta(&before, &counts(&cluster));
+    eprintln!(
+        "first acquire of a session: {first_acquire:?}\nacquire: {acquire:?}\nrelease: {release:?}"
+    );
+    assert_eq!(
+        first_acquire,
+        BTreeMap::from([("LeaseGrant", 1), ("Txn", 1)])
+    );
+    assert_eq!(acquire, BTreeMap::from([("Txn", 1)]));
+    assert_eq!(release, BTreeMap::from([("Txn", 1)]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_watches_only_its_predecessor() {
+    let cluster = EtcdCluster::start(1);
+    let prefix = format!("{}/", unique("rt"));
+    let connect = || EtcdBackend::connect(common::config(cluster.endpoints(), &prefix));
+    let holder = connect().await.unwrap();
+    let guard = holder.lock("job").await.unwrap();
+    let mut waiters = Vec::new();
+    for _ in 0..3 {
+        let backend = connect().await.unwrap();
+        let _ = backend.lock("warm").await.unwrap().release().await.unwrap();
+        waiters.push(backend);
+    }
+    let before = counts(&cluster);
+    let mut tasks = Vec::new();
+    for backend in waiters {
+        tasks.push(tokio::spawn(async move {
+            let guard = backend.lock("job").await.unwrap();
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let _ = guard.release().await.unwrap();
+        }));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let queued = delta(&before, &counts(&cluster));
+    let _ = guard.release().await.unwrap();
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(30), task)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let all = delta(&before, &counts(&cluster));
+    eprintln!("3 waiters queueing: {queued:?}\n3 handoffs in all (incl. 4 releases): {all:?}");
+    // Queueing: per waiter one Txn, one Range for its predecessor, one watch request.
+    assert_eq!(queued.get("Txn"), Some(&3));
+    assert_eq!(queued.get("Range"), Some(&3));
+    // Each handoff: the waiter's second Range and confirming Txn; plus 4 release Txns. No herd:
+    // a release wakes one watcher, so the Range count grows by one per handoff.
+    assert_eq!(all.get("Range"), Some(&6));
+    assert_eq!(all.get("Txn"), Some(&(3 + 3 + 4)));
+}
