@@ -18,18 +18,32 @@
 //! # Interoperability
 //! The lock `N` under prefix `P` (default `fencelock/`) uses the keys `P N / <lease hex>`, the
 //! same Txn and the same ordering as Go's `concurrency.NewMutex(session, "P N")`, so Go services,
-//! `etcdctl lock P N` and fencelock exclude each other on one lock. The token is the key's
-//! create revision (`ETCD_LOCK_REV` in `etcdctl lock`'s child environment... where set).
+//! `etcdctl lock P N` and fencelock exclude each other on one lock. The token is the key's create
+//! revision: what `etcdctl lock` exports to its child as `ETCD_LOCK_REV`.
 //!
-//! # Fenced state
-//! Stored at `P .state/ N / <key>`, outside every lock's key range, written only by Txns that
-//! compare `create_revision(our lock key) == token`.
+//! # The protocol (`src/mutex.rs`)
+//! - acquire: one Txn `If create_revision(key) == 0 Then Put(key, lease), Range(P N /, first
+//!   created), Get(checkpoint)`; we own the lock if the first created key is ours;
+//! - otherwise wait: Range the key created just before ours (`max_create_revision = token - 1`),
+//!   watch only that key for its delete, repeat; then one Txn confirms our key still exists;
+//! - release: one Txn `If create_revision(key) == token Then Delete(key)`, retried within the
+//!   request timeout, then in the background while the session lives;
+//! - fenced state: at `P .state/ N / <key>`, outside every lock's range, by Txns with the same
+//!   compare.
 //!
-//! See [`mutex`](crate#the-protocol) below for the protocol and [`EtcdBackend`] for round trips.
+//! | operation | requests |
+//! |---|---|
+//! | first acquire of a session | 1 LeaseGrant + 1 Txn |
+//! | uncontended acquire | 1 Txn |
+//! | contended acquire | 1 Txn, then per predecessor 1 Range + 1 Watch, then 1 Range + 1 Txn |
+//! | release, fenced put/get/delete | 1 Txn |
+//! | renewal (whole session) | 1 LeaseKeepAlive message per TTL/3 |
 //!
-//! # The protocol
-#![doc = "See the `mutex` module source (`src/mutex.rs`): acquire is one Txn when uncontended, \
-          waiters watch only their predecessor, release is one owner-checked Txn."]
+//! # Loss
+//! The session's lease is renewed every TTL/3 by the backend itself (etcd-client has no timer
+//! and no reconnect). Each renewal moves the local deadline to *send time + TTL - margin*; when
+//! it passes without a renewal, or the server says the lease is gone, every guard of the session
+//! fires `lost`, and the next acquire grants a new lease.
 #![forbid(unsafe_code)]
 
 mod backend;
