@@ -111,6 +111,13 @@ impl LockGuard {
         self.lost.child_token()
     }
 
+    /// For backends: the token that fires this guard's `lost`, kept to report that this one lock
+    /// is gone while its session lives on (its ZooKeeper node was deleted, say). Cancelling it
+    /// never releases anything; users have no reason to call this.
+    pub fn loss_trigger(&self) -> CancellationToken {
+        self.lost.clone()
+    }
+
     /// True while the lease is live and the lock has not been reported lost. Checks the clock
     /// directly, so a late timer task cannot make it lie.
     pub fn is_held(&self) -> bool {

@@ -11,8 +11,10 @@ mod etcd;
 mod process;
 mod proxy;
 mod tls;
+mod zookeeper;
 
 pub use etcd::{EtcdCluster, EtcdMember};
 pub use process::{free_port, tmp_root, unique};
 pub use proxy::{ProxyMode, TcpProxy};
 pub use tls::TlsFiles;
+pub use zookeeper::{four_letter, ZkEnsemble, ZkMember, TICK as ZK_TICK};

@@ -1,0 +1,206 @@
+//! The store half of a ZooKeeper lock: release by path and version, fenced state by multi-ops
+//! with a check on our lock node.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use fencelock::{Error, FencingToken, HeldLock, LockName, ReleaseOutcome, Result, StateKey};
+use zookeeper_client::{Acls, CheckWriteError, CreateMode, MultiReadResult};
+
+use crate::mutex::{delete_node, Node};
+use crate::paths::Paths;
+use crate::session::ZkSession;
+use crate::zk_error;
+
+/// The check is `version(our node) == 0`: true exactly while our node exists, which is exactly
+/// while we hold the lock (nodes created later sort after ours).
+pub(crate) struct ZkHeld {
+    pub(crate) session: Arc<ZkSession>,
+    pub(crate) paths: Paths,
+    pub(crate) name: LockName,
+    pub(crate) node: Node,
+    pub(crate) acls: Acls<'static>,
+    pub(crate) limit: Duration,
+}
+
+impl std::fmt::Debug for ZkHeld {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZkHeld")
+            .field("path", &self.node.path)
+            .field("czxid", &self.node.czxid)
+            .finish_non_exhaustive()
+    }
+}
+
+enum Write<'a> {
+    Set(&'a [u8]),
+    Create(&'a [u8]),
+    Delete,
+}
+
+impl ZkHeld {
+    fn refused(&self) -> Error {
+        Error::NotHeld {
+            name: self.name.to_string(),
+            token: FencingToken::new(self.node.czxid.unsigned_abs()),
+        }
+    }
+
+    /// One multi: check our node, then the write. `Ok(false)`: the write's own precondition
+    /// failed (the state node is missing, or exists for a create).
+    async fn checked(&self, path: &str, write: Write<'_>) -> Result<bool> {
+        let client = &self.session.client;
+        let mut writer = client
+            .new_check_writer(&self.node.path, Some(0))
+            .map_err(|e| zk_error("fenced write", e))?;
+        let added = match write {
+            Write::Set(value) => writer.add_set_data(path, value, None),
+            Write::Create(value) => {
+                writer.add_create(path, value, &CreateMode::Persistent.with_acls(self.acls))
+            }
+            Write::Delete => writer.add_delete(path, None),
+        };
+        added.map_err(|e| zk_error("fenced write", e))?;
+        match tokio::time::timeout(self.limit, writer.commit()).await {
+            Ok(Ok(_)) => Ok(true),
+            Ok(Err(CheckWriteError::CheckFailed { .. })) => Err(self.refused()),
+            Ok(Err(CheckWriteError::OperationFailed {
+                source: zookeeper_client::Error::NoNode | zookeeper_client::Error::NodeExists,
+                ..
+            })) => Ok(false),
+            Ok(Err(e)) => Err(zk_error("fenced write", e.into())),
+            Err(_) => Err(Error::backend(
+                crate::KIND,
+                "fenced write: no answer",
+                std::io::Error::from(std::io::ErrorKind::TimedOut),
+            )),
+        }
+    }
+}
+
+#[async_trait]
+impl HeldLock for ZkHeld {
+    async fn release(&self) -> Result<ReleaseOutcome> {
+        self.session.unregister(&self.node.path);
+        let released = delete_node(
+            &self.session.client,
+            &self.node.path,
+            self.limit,
+            self.limit,
+        )
+        .await;
+        let released = match released {
+            Ok(released) => released,
+            Err(e) => {
+                keep_deleting(
+                    Arc::clone(&self.session),
+                    self.node.path.clone(),
+                    self.limit,
+                );
+                return Err(e);
+            }
+        };
+        tracing::info!(lock = %self.name, path = %self.node.path, released, "zookeeper: release");
+        Ok(if released {
+            ReleaseOutcome::Released
+        } else {
+            ReleaseOutcome::NotOwned
+        })
+    }
+
+    async fn put_state(&self, key: &StateKey, value: &[u8]) -> Result<()> {
+        let path = self.paths.state(&self.name, key);
+        // Set if it exists, else create; a concurrent create/delete (only by a stale holder,
+        // whose check fails) costs one more pass.
+        for _ in 0..3 {
+            if self.checked(&path, Write::Set(value)).await? {
+                return Ok(());
+            }
+            let dir = self.paths.state_dir(&self.name);
+            match self
+                .session
+                .client
+                .mkdir(&dir, &CreateMode::Persistent.with_acls(self.acls))
+                .await
+            {
+                Ok(()) | Err(zookeeper_client::Error::NodeExists) => {}
+                Err(e) => return Err(zk_error("create the state folder", e)),
+            }
+            if self.checked(&path, Write::Create(value)).await? {
+                return Ok(());
+            }
+        }
+        Err(Error::backend(
+            crate::KIND,
+            format!("fenced put of {path}"),
+            "the node kept appearing and vanishing",
+        ))
+    }
+
+    async fn get_state(&self, key: &StateKey) -> Result<Option<Vec<u8>>> {
+        let path = self.paths.state(&self.name, key);
+        let mut reader = self.session.client.new_multi_reader();
+        reader
+            .add_get_data(&self.node.path)
+            .map_err(|e| zk_error("fenced get", e))?;
+        reader
+            .add_get_data(&path)
+            .map_err(|e| zk_error("fenced get", e))?;
+        let results = match tokio::time::timeout(self.limit, reader.commit()).await {
+            Ok(Ok(results)) => results,
+            Ok(Err(e)) => return Err(zk_error("fenced get", e)),
+            Err(_) => {
+                return Err(Error::backend(
+                    crate::KIND,
+                    "fenced get: no answer",
+                    std::io::Error::from(std::io::ErrorKind::TimedOut),
+                ))
+            }
+        };
+        // Both reads are one snapshot: our node existed when the value was read.
+        let mut results = results.into_iter();
+        if !matches!(results.next(), Some(MultiReadResult::Data { .. })) {
+            return Err(self.refused());
+        }
+        Ok(match results.next() {
+            Some(MultiReadResult::Data { data, .. }) => Some(data),
+            _ => None,
+        })
+    }
+
+    async fn delete_state(&self, key: &StateKey) -> Result<bool> {
+        let path = self.paths.state(&self.name, key);
+        self.checked(&path, Write::Delete).await
+    }
+
+    fn release_in_background(self: Box<Self>) {
+        self.session.unregister(&self.node.path);
+        keep_deleting(
+            Arc::clone(&self.session),
+            self.node.path.clone(),
+            self.limit,
+        );
+    }
+}
+
+/// Deletes `path` in the background until done or the session ends (Curator's "guaranteed"
+/// delete): a node left behind blocks every other contender while our session lives.
+fn keep_deleting(session: Arc<ZkSession>, path: String, limit: Duration) {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        tracing::warn!(%path, "zookeeper: guard dropped outside a Tokio runtime; the lock ends with the session");
+        return;
+    };
+    runtime.spawn(async move {
+        // Ends with success or with the session, whose end deletes the node anyway.
+        while session.is_live() {
+            if delete_node(&session.client, &path, limit, limit)
+                .await
+                .is_ok()
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
+}

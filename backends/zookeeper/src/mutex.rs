@@ -1,0 +1,282 @@
+//! The lock protocol, compatible with Curator's `InterProcessMutex` (`LockInternals` and
+//! `StandardLockInternalsDriver`).
+//!
+//! Acquire:
+//! 1. create `B/N/_c_<uuid>-lock-` EPHEMERAL_SEQUENTIAL (create2: the reply's Stat carries the
+//!    czxid, our fencing token); a missing `B/N` is created as a container, as Curator does; if the
+//!    reply is lost, find our node by its `_c_<uuid>` tag, adopting it only if its
+//!    `ephemeralOwner` is our session;
+//! 2. one multi-read: the children of `B/N` and the checkpoint; sort the children by what follows
+//!    the last `lock-`; first = ours means held;
+//! 3. otherwise watch only the predecessor (`getData` with a watch) and go to 2 when it fires.
+//!
+//! Uncontended: one create and one multi-read. Release: one delete of our path with version 0.
+
+use std::time::Duration;
+
+use fencelock::{Error, LockName, Result, StateKey};
+use zookeeper_client::{Acls, Client, CreateMode, MultiReadResult};
+
+use crate::paths::{node_tag, sort_key, Paths};
+use crate::session::ZkSession;
+use crate::zk_error;
+
+/// Our contender node.
+#[derive(Clone, Debug)]
+pub(crate) struct Node {
+    pub(crate) path: String,
+    pub(crate) child: String,
+    pub(crate) czxid: i64,
+}
+
+const RETRY_PAUSE: Duration = Duration::from_millis(200);
+
+pub(crate) async fn create(
+    client: &Client,
+    paths: &Paths,
+    name: &LockName,
+    id: &str,
+    acls: Acls<'static>,
+    limit: Duration,
+) -> Result<Node> {
+    let dir = paths.lock_dir(name);
+    let prefix = paths.node_prefix(name, id);
+    // A few passes: a missing parent, or a container the server removed in between, or a lost
+    // reply, each costs one more.
+    for _ in 0..5 {
+        let created = tokio::time::timeout(
+            limit,
+            client.create(
+                &prefix,
+                b"",
+                &CreateMode::EphemeralSequential.with_acls(acls),
+            ),
+        )
+        .await;
+        match created {
+            Ok(Ok((stat, sequence))) => {
+                let path = format!("{prefix}{sequence}");
+                let child = path.rsplit('/').next().unwrap_or_default().to_owned();
+                return Ok(Node {
+                    path,
+                    child,
+                    czxid: stat.czxid,
+                });
+            }
+            Ok(Err(zookeeper_client::Error::NoNode)) => {
+                let parents = CreateMode::Container.with_acls(acls);
+                match client.mkdir(&dir, &parents).await {
+                    Ok(()) | Err(zookeeper_client::Error::NodeExists) => {}
+                    Err(e) => return Err(zk_error("create the lock's parent nodes", e)),
+                }
+            }
+            Ok(Err(zookeeper_client::Error::ConnectionLoss)) | Err(_) => {
+                if let Some(node) = find(client, &dir, id).await? {
+                    tracing::debug!(path = %node.path, "zookeeper: adopted our node after a lost reply");
+                    return Ok(node);
+                }
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
+            Ok(Err(e)) => return Err(zk_error("create the lock node", e)),
+        }
+    }
+    Err(Error::backend(
+        crate::KIND,
+        format!("create the lock node under {dir}"),
+        "gave up after 5 attempts",
+    ))
+}
+
+/// Our node by its tag, if it exists and belongs to our session (CURATOR-498).
+async fn find(client: &Client, dir: &str, id: &str) -> Result<Option<Node>> {
+    let tag = node_tag(id);
+    let children = match client.list_children(dir).await {
+        Ok(children) => children,
+        Err(zookeeper_client::Error::NoNode | zookeeper_client::Error::ConnectionLoss) => {
+            return Ok(None)
+        }
+        Err(e) => return Err(zk_error("look for our lock node", e)),
+    };
+    for child in children.into_iter().filter(|c| c.starts_with(&tag)) {
+        let path = format!("{dir}/{child}");
+        if let Ok(Some(stat)) = client.check_stat(&path).await {
+            if stat.ephemeral_owner == client.session_id().0 {
+                return Ok(Some(Node {
+                    path,
+                    child,
+                    czxid: stat.czxid,
+                }));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// Waits until our node is first; returns the checkpoint read in the same request.
+pub(crate) async fn wait_turn(
+    session: &ZkSession,
+    paths: &Paths,
+    name: &LockName,
+    node: &Node,
+    try_once: bool,
+    limit: Duration,
+) -> Result<Option<Vec<u8>>> {
+    let client = &session.client;
+    let dir = paths.lock_dir(name);
+    let checkpoint = paths.state(name, &StateKey::checkpoint());
+    let lost = || Error::LockLost {
+        name: name.to_string(),
+    };
+    // Each pass ends in the grant, an error, or a wait for the predecessor's change; retries
+    // after connection loss end with the session.
+    loop {
+        if !session.is_live() {
+            return Err(lost());
+        }
+        let read = {
+            let mut reader = client.new_multi_reader();
+            reader
+                .add_get_children(&dir)
+                .map_err(|e| zk_error("list contenders", e))?;
+            reader
+                .add_get_data(&checkpoint)
+                .map_err(|e| zk_error("read the checkpoint", e))?;
+            tokio::time::timeout(limit, reader.commit()).await
+        };
+        let results = match read {
+            Ok(Ok(results)) => results,
+            Ok(Err(zookeeper_client::Error::SessionExpired)) => return Err(lost()),
+            Ok(Err(e)) => {
+                tracing::warn!(lock = %name, error = %e, "zookeeper: listing contenders failed; retrying");
+                pause_or_lost(session, name).await?;
+                continue;
+            }
+            Err(_) => {
+                pause_or_lost(session, name).await?;
+                continue;
+            }
+        };
+        let mut results = results.into_iter();
+        let mut children = match results.next() {
+            Some(MultiReadResult::Children { children }) => children,
+            Some(MultiReadResult::Error {
+                err: zookeeper_client::Error::NoNode,
+            }) => return Err(lost()),
+            other => {
+                return Err(Error::backend(
+                    crate::KIND,
+                    "list contenders",
+                    format!("unexpected reply {other:?}"),
+                ))
+            }
+        };
+        let saved = match results.next() {
+            Some(MultiReadResult::Data { data, .. }) => Some(data),
+            _ => None,
+        };
+        children.sort_by(|a, b| sort_key(a).cmp(sort_key(b)));
+        let Some(position) = children.iter().position(|c| *c == node.child) else {
+            // Our node is gone: the session expired or someone deleted it.
+            return Err(lost());
+        };
+        if position == 0 {
+            return Ok(saved);
+        }
+        if try_once {
+            return Err(Error::WouldBlock {
+                name: name.to_string(),
+            });
+        }
+        let predecessor = format!("{dir}/{}", children[position - 1]);
+        match client.get_and_watch_data(&predecessor).await {
+            Ok((_, _, watcher)) => tokio::select! {
+                _ = watcher.changed() => {}
+                () = session.clock.lost_token().cancelled() => return Err(lost()),
+            },
+            Err(zookeeper_client::Error::NoNode) => {}
+            Err(zookeeper_client::Error::SessionExpired) => return Err(lost()),
+            Err(e) => {
+                tracing::warn!(lock = %name, error = %e, "zookeeper: watching the predecessor failed; retrying");
+                pause_or_lost(session, name).await?;
+            }
+        }
+    }
+}
+
+async fn pause_or_lost(session: &ZkSession, name: &LockName) -> Result<()> {
+    tokio::select! {
+        () = tokio::time::sleep(RETRY_PAUSE) => Ok(()),
+        () = session.clock.lost_token().cancelled() => Err(Error::LockLost { name: name.to_string() }),
+    }
+}
+
+/// Deletes our node (version 0: its data never changes); true if it was there. Retried on
+/// connection loss within `budget`.
+pub(crate) async fn delete_node(
+    client: &Client,
+    path: &str,
+    attempt: Duration,
+    budget: Duration,
+) -> Result<bool> {
+    let start = tokio::time::Instant::now();
+    // Bounded by `budget`.
+    loop {
+        match tokio::time::timeout(attempt, client.delete(path, Some(0))).await {
+            Ok(Ok(())) => return Ok(true),
+            Ok(Err(zookeeper_client::Error::NoNode | zookeeper_client::Error::BadVersion)) => {
+                return Ok(false)
+            }
+            Ok(Err(
+                e @ (zookeeper_client::Error::SessionExpired
+                | zookeeper_client::Error::ClientClosed),
+            )) => {
+                // The session is over, and its ephemeral nodes with it.
+                tracing::debug!(%path, error = %e, "zookeeper: session over; node gone with it");
+                return Ok(false);
+            }
+            outcome if start.elapsed() + RETRY_PAUSE >= budget => {
+                return Err(match outcome {
+                    Ok(Err(e)) => zk_error("delete the lock node", e),
+                    _ => Error::backend(
+                        crate::KIND,
+                        format!("delete {path}: no answer"),
+                        std::io::Error::from(std::io::ErrorKind::TimedOut),
+                    ),
+                });
+            }
+            _ => tokio::time::sleep(RETRY_PAUSE).await,
+        }
+    }
+}
+
+/// Deletes every node of ours tagged `id` under `dir` (a cancelled acquire), until done or the
+/// session ends.
+pub(crate) async fn withdraw(session: &ZkSession, dir: &str, id: &str, limit: Duration) {
+    let tag = node_tag(id);
+    // Bounded by the session's life: its end deletes the nodes anyway.
+    while session.is_live() {
+        let children = match tokio::time::timeout(limit, session.client.list_children(dir)).await {
+            Ok(Ok(children)) => children,
+            Ok(Err(zookeeper_client::Error::NoNode)) => return,
+            _ => {
+                tokio::time::sleep(RETRY_PAUSE).await;
+                continue;
+            }
+        };
+        let mut done = true;
+        for child in children.iter().filter(|c| c.starts_with(&tag)) {
+            let path = format!("{dir}/{child}");
+            if delete_node(&session.client, &path, limit, limit)
+                .await
+                .is_err()
+            {
+                done = false;
+            }
+        }
+        if done {
+            tracing::debug!(%dir, "zookeeper: cancelled acquire withdrawn");
+            return;
+        }
+        tokio::time::sleep(RETRY_PAUSE).await;
+    }
+}

@@ -1,0 +1,105 @@
+//! Where things live in ZooKeeper's tree.
+//!
+//! - lock `N` under base `B`: Curator's lock path `B/N`, whose children are the contenders'
+//!   nodes `_c_<uuid>-lock-<10 digit sequence>`, ordered by what follows the last `lock-`;
+//! - fenced state of lock `N`: `B/.state/N/<key>`. Lock names never start with `.`, so no lock
+//!   path, and no child listing of one, can contain state.
+
+use fencelock::{Error, LockName, Result, StateKey};
+
+/// Curator's lock name for `InterProcessMutex`.
+pub(crate) const LOCK_NAME: &str = "lock-";
+
+#[derive(Clone, Debug)]
+pub(crate) struct Paths {
+    base: String,
+}
+
+impl Paths {
+    pub(crate) fn new(base: &str) -> Self {
+        Paths {
+            base: base.to_owned(),
+        }
+    }
+
+    pub(crate) fn lock_dir(&self, name: &LockName) -> String {
+        format!("{}/{}", self.base, name)
+    }
+
+    /// The prefix of our node: the server appends the sequence number.
+    pub(crate) fn node_prefix(&self, name: &LockName, id: &str) -> String {
+        format!("{}/{}", self.lock_dir(name), node_tag(id))
+    }
+
+    pub(crate) fn state_dir(&self, name: &LockName) -> String {
+        format!("{}/.state/{}", self.base, name)
+    }
+
+    pub(crate) fn state(&self, name: &LockName, key: &StateKey) -> String {
+        format!("{}/{}", self.state_dir(name), key)
+    }
+}
+
+/// The "protected" part of a node name: `_c_<uuid>-lock-`, by which a client finds its own
+/// node when a create succeeded but the reply was lost.
+pub(crate) fn node_tag(id: &str) -> String {
+    format!("_c_{id}-{LOCK_NAME}")
+}
+
+/// Curator's sort key: what follows the last `lock-`, or the whole name.
+pub(crate) fn sort_key(child: &str) -> &str {
+    child
+        .rfind(LOCK_NAME)
+        .map_or(child, |i| &child[i + LOCK_NAME.len()..])
+}
+
+/// ZooKeeper refuses some code points in paths that lock names may otherwise contain.
+pub(crate) fn check_name(name: &LockName) -> Result<()> {
+    let bad = name
+        .as_str()
+        .chars()
+        .any(|c| matches!(c, '\u{e000}'..='\u{f8ff}' | '\u{fff0}'..='\u{ffff}'));
+    if bad || name.as_str() == "zookeeper" {
+        return Err(Error::InvalidName {
+            name: name.to_string(),
+            reason: "ZooKeeper paths cannot hold private-use or U+FFF0..U+FFFF characters, nor the name `zookeeper`",
+            rule: "uses other characters",
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn curator_layout_and_order() {
+        let paths = Paths::new("/fencelock");
+        let name = LockName::new("jobs").unwrap();
+        assert_eq!(
+            paths.node_prefix(&name, "u1"),
+            "/fencelock/jobs/_c_u1-lock-"
+        );
+        assert_eq!(
+            paths.state(&name, &StateKey::checkpoint()),
+            "/fencelock/.state/jobs/__checkpoint"
+        );
+        let mut children = vec![
+            "_c_b-lock-0000000002",
+            "_c_a-lock-0000000010",
+            "_c_c-lock-0000000001",
+        ];
+        children.sort_by_key(|c| sort_key(c));
+        assert_eq!(
+            children,
+            [
+                "_c_c-lock-0000000001",
+                "_c_b-lock-0000000002",
+                "_c_a-lock-0000000010"
+            ]
+        );
+        // Kazoo-style and unrelated children sort by their whole name, as in Curator.
+        assert_eq!(sort_key("x__lock__0000000001"), "x__lock__0000000001");
+    }
+}

@@ -1,0 +1,235 @@
+//! The session: one ZooKeeper session per backend instance, watched by us.
+//!
+//! zookeeper-client pings the server but does not say when the server last answered, so the
+//! session probes it every timeout/3 with one request and counts the local deadline from when
+//! each successful probe was *sent*. The ensemble expires a session only after a full timeout
+//! without hearing from the client, and it heard our probe after we sent it, so with the safety
+//! margin `lost` fires before the ensemble can expire the session and hand a lock on.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use fencelock::{Error, LeaseClock, Result};
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use zookeeper_client::{Client, SessionState};
+
+use crate::{zk_error, ZkConfig};
+
+pub(crate) struct ZkSession {
+    pub(crate) client: Client,
+    pub(crate) clock: Arc<LeaseClock>,
+    /// Held lock nodes and the trigger of each guard's `lost`, re-checked after a reconnect.
+    held: Mutex<HashMap<String, CancellationToken>>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for ZkSession {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ZkSession")
+            .field("id", &self.client.session_id())
+            .field("live", &self.is_live())
+            .finish_non_exhaustive()
+    }
+}
+
+impl ZkSession {
+    pub(crate) async fn connect(config: &ZkConfig) -> Result<Arc<ZkSession>> {
+        let timeout = config.session_timeout;
+        let mut connector = Client::connector().with_session_timeout(timeout);
+        if let Some((user, password)) = &config.digest {
+            connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
+        }
+        let sent = Instant::now();
+        let reach = format!(
+            "connect to {:?} (check that ZooKeeper runs there and the credentials)",
+            config.connect
+        );
+        let client =
+            match tokio::time::timeout(config.connect_timeout, connector.connect(&config.connect))
+                .await
+            {
+                Ok(Ok(client)) => client,
+                Ok(Err(e)) => return Err(zk_error(&reach, e)),
+                Err(_) => {
+                    return Err(Error::backend(
+                        crate::KIND,
+                        format!("{reach}: no session within {:?}", config.connect_timeout),
+                        std::io::Error::from(std::io::ErrorKind::TimedOut),
+                    ))
+                }
+            };
+        let granted = client.session_timeout();
+        if granted != timeout {
+            return Err(Error::config(
+                "session_timeout",
+                format!(
+                    "asked for {timeout:?} but the server granted {granted:?}: servers allow 2 to 20 ticks \
+                     (minSessionTimeout/maxSessionTimeout); choose a timeout in that range"
+                ),
+            ));
+        }
+        let clock = LeaseClock::start(sent, timeout, config.safety_margin);
+        tracing::info!(
+            session = format_args!("{:x}", client.session_id().0),
+            ?timeout,
+            "zookeeper: session established"
+        );
+        let session = Arc::new(ZkSession {
+            client,
+            clock,
+            held: Mutex::new(HashMap::new()),
+            tasks: Mutex::new(Vec::new()),
+        });
+        let probe = tokio::spawn(probe(
+            session.client.clone(),
+            Arc::clone(&session.clock),
+            timeout,
+            config.request_timeout,
+        ));
+        let monitor = tokio::spawn(monitor(Arc::downgrade(&session)));
+        session
+            .tasks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend([probe, monitor]);
+        Ok(session)
+    }
+
+    pub(crate) fn is_live(&self) -> bool {
+        !self.clock.lost_token().is_cancelled()
+    }
+
+    pub(crate) fn register(&self, path: &str, trigger: CancellationToken) {
+        self.held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(path.to_owned(), trigger);
+    }
+
+    pub(crate) fn unregister(&self, path: &str) {
+        self.held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(path);
+    }
+
+    /// After a reconnect: a lock whose node is gone, or no longer ours, is lost even though the
+    /// session survived.
+    async fn verify_held(&self) {
+        let held: Vec<(String, CancellationToken)> = self
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .map(|(p, t)| (p.clone(), t.clone()))
+            .collect();
+        let me = self.client.session_id().0;
+        for (path, trigger) in held {
+            match self.client.check_stat(&path).await {
+                Ok(Some(stat)) if stat.ephemeral_owner == me => {}
+                Ok(_) => {
+                    tracing::warn!(%path, "zookeeper: lock node gone after reconnect; lock lost");
+                    trigger.cancel();
+                }
+                Err(e) => {
+                    tracing::debug!(%path, error = %e, "zookeeper: could not check a lock node after reconnect")
+                }
+            }
+        }
+    }
+}
+
+impl Drop for ZkSession {
+    fn drop(&mut self) {
+        // Dropping the last client handle closes the session, which deletes our nodes now.
+        self.clock.lose();
+        for task in self
+            .tasks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain(..)
+        {
+            task.abort();
+        }
+    }
+}
+
+async fn probe(
+    client: Client,
+    clock: Arc<LeaseClock>,
+    timeout: Duration,
+    request_timeout: Duration,
+) {
+    let interval = timeout / 3;
+    let limit = request_timeout.min(interval);
+    let mut next = Instant::now() + interval;
+    // One probe per pass; ends when the session is lost, which a silent server causes within
+    // one timeout.
+    loop {
+        tokio::select! {
+            () = clock.lost_token().cancelled() => return,
+            () = tokio::time::sleep_until(next) => {}
+        }
+        let sent = Instant::now();
+        match tokio::time::timeout(limit, client.check_stat("/")).await {
+            Ok(Ok(_)) => {
+                clock.renewed(sent, timeout);
+                next = sent + interval;
+            }
+            Ok(Err(
+                e @ (zookeeper_client::Error::SessionExpired
+                | zookeeper_client::Error::ClientClosed),
+            )) => {
+                tracing::warn!(error = %e, "zookeeper: session ended; every lock of this session is lost");
+                clock.lose();
+                return;
+            }
+            outcome => {
+                let why = match outcome {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => format!("no answer within {limit:?}"),
+                };
+                tracing::warn!(%why, "zookeeper: probe failed; the session deadline is not extended");
+                next = Instant::now() + Duration::from_millis(200).min(interval);
+            }
+        }
+    }
+}
+
+async fn monitor(session: std::sync::Weak<ZkSession>) {
+    let (mut states, lost) = match session.upgrade() {
+        Some(s) => (s.client.state_watcher(), s.clock.lost_token().clone()),
+        None => return,
+    };
+    let mut disconnected = false;
+    // One state change per pass; terminal states and the session's end stop it.
+    loop {
+        let state = tokio::select! {
+            () = lost.cancelled() => return,
+            state = states.changed() => state,
+        };
+        let Some(session) = session.upgrade() else {
+            return;
+        };
+        tracing::info!(?state, "zookeeper: session state");
+        match state {
+            SessionState::Expired | SessionState::Closed | SessionState::AuthFailed => {
+                tracing::warn!(
+                    ?state,
+                    "zookeeper: session over; every lock of this session is lost"
+                );
+                session.clock.lose();
+                return;
+            }
+            SessionState::Disconnected => disconnected = true,
+            SessionState::SyncConnected | SessionState::ConnectedReadOnly => {
+                if std::mem::take(&mut disconnected) {
+                    session.verify_held().await;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,165 @@
+//! ZooKeeper standalone servers and ensembles.
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::process::{free_port, tmp_root, unique, Server};
+
+/// ZooKeeper's tick in these tests: sessions may last 2 to 20 ticks (1 s to 10 s).
+pub const TICK: Duration = Duration::from_millis(500);
+
+/// One member of a [`ZkEnsemble`].
+#[derive(Debug)]
+pub struct ZkMember {
+    /// The server id (`myid`), from 1.
+    pub id: usize,
+    /// Client port on 127.0.0.1.
+    pub client_port: u16,
+    server: Server,
+}
+
+/// A real ZooKeeper (standalone, or an ensemble of 3) on loopback, stopped on drop.
+#[derive(Debug)]
+pub struct ZkEnsemble {
+    /// The members, in id order.
+    pub members: Vec<ZkMember>,
+    /// The folder holding every member's data and log.
+    pub dir: PathBuf,
+}
+
+impl ZkEnsemble {
+    /// Starts `size` servers (1 = standalone) and waits until each serves clients.
+    pub fn start(size: usize) -> Self {
+        Self::start_with(size, &[])
+    }
+
+    /// Starts `size` servers with `extra` lines in each `zoo.cfg`.
+    pub fn start_with(size: usize, extra: &[&str]) -> Self {
+        let dir = tmp_root().join(unique("zk"));
+        let ports: Vec<(u16, u16, u16)> = (0..size)
+            .map(|_| (free_port(), free_port(), free_port()))
+            .collect();
+        let peers: Vec<String> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, quorum, election))| {
+                format!("server.{}=127.0.0.1:{quorum}:{election}", i + 1)
+            })
+            .collect();
+        let members = ports
+            .iter()
+            .enumerate()
+            .map(|(i, &(client_port, _, _))| {
+                let id = i + 1;
+                let member_dir = dir.join(format!("zk{id}"));
+                let data = member_dir.join("data");
+                std::fs::create_dir_all(&data).expect("zk data dir");
+                let mut cfg = vec![
+                    format!("tickTime={}", TICK.as_millis()),
+                    format!("dataDir={}", data.display()),
+                    format!("clientPort={client_port}"),
+                    "clientPortAddress=127.0.0.1".to_owned(),
+                    "admin.enableServer=false".to_owned(),
+                    "4lw.commands.whitelist=*".to_owned(),
+                    "initLimit=10".to_owned(),
+                    "syncLimit=5".to_owned(),
+                    "forceSync=no".to_owned(),
+                ];
+                if size > 1 {
+                    std::fs::write(data.join("myid"), id.to_string()).expect("myid");
+                    cfg.extend(peers.iter().cloned());
+                }
+                cfg.extend(extra.iter().map(|s| s.to_string()));
+                let cfg_path = member_dir.join("zoo.cfg");
+                std::fs::write(&cfg_path, cfg.join("\n") + "\n").expect("zoo.cfg");
+                let args = vec![
+                    "-Xmx128m".to_owned(),
+                    "-XX:+UseSerialGC".to_owned(),
+                    "-XX:TieredStopAtLevel=1".to_owned(),
+                    "-cp".to_owned(),
+                    "/etc/zookeeper/conf:/usr/share/java/zookeeper.jar".to_owned(),
+                    "org.apache.zookeeper.server.quorum.QuorumPeerMain".to_owned(),
+                    cfg_path.to_string_lossy().into_owned(),
+                ];
+                ZkMember {
+                    id,
+                    client_port,
+                    server: Server::spawn("java", args, &member_dir),
+                }
+            })
+            .collect();
+        let mut ensemble = ZkEnsemble { members, dir };
+        for i in 0..size {
+            ensemble.wait_serving(i);
+        }
+        ensemble
+    }
+
+    fn wait_serving(&mut self, i: usize) {
+        let member = &mut self.members[i];
+        let port = member.client_port;
+        let what = format!("zookeeper {} on 127.0.0.1:{port}", member.id);
+        member
+            .server
+            .wait_ready(&what, Duration::from_secs(60), || {
+                four_letter(port, "srvr").contains("Mode: ")
+            });
+    }
+
+    /// `127.0.0.1:p1,127.0.0.1:p2,...`: a connect string for all members.
+    pub fn connect_string(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| format!("127.0.0.1:{}", m.client_port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// The member's role: `standalone`, `leader` or `follower` (empty if it does not answer).
+    pub fn mode(&self, i: usize) -> String {
+        four_letter(self.members[i].client_port, "srvr")
+            .lines()
+            .find_map(|l| l.strip_prefix("Mode: "))
+            .unwrap_or_default()
+            .to_owned()
+    }
+
+    /// Session ids connected to member `i` (from the `cons` command).
+    pub fn connections(&self, i: usize) -> String {
+        four_letter(self.members[i].client_port, "cons")
+    }
+
+    /// Kills member `i` with SIGKILL.
+    pub fn kill(&mut self, i: usize) {
+        self.members[i].server.kill();
+    }
+
+    /// Restarts member `i` with its data and waits until it serves.
+    pub fn restart(&mut self, i: usize) {
+        self.members[i].server.start();
+        self.wait_serving(i);
+    }
+
+    /// Pauses (`true`) or resumes member `i` with SIGSTOP / SIGCONT.
+    pub fn pause(&self, i: usize, paused: bool) {
+        self.members[i]
+            .server
+            .signal(if paused { "-STOP" } else { "-CONT" });
+    }
+}
+
+/// Sends a four-letter command and returns the answer ("" if the server does not answer).
+pub fn four_letter(port: u16, command: &str) -> String {
+    let Ok(mut stream) = TcpStream::connect(("127.0.0.1", port)) else {
+        return String::new();
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    if stream.write_all(command.as_bytes()).is_err() {
+        return String::new();
+    }
+    let mut out = String::new();
+    let _ = stream.read_to_string(&mut out);
+    out
+}
