@@ -1,0 +1,86 @@
+//! Bad input gets a clear, typed error and loses nothing.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+mod common;
+
+use std::time::{Duration, Instant};
+
+use fencelock::{Error, LockBackendExt};
+use fencelock_testsupport::{free_port, unique};
+use fencelock_zookeeper::{ZkBackend, ZkConfig};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_servers_fail_within_the_connect_timeout() {
+    let mut config = ZkConfig::new(format!("127.0.0.1:{}", free_port()));
+    config.connect_timeout = Duration::from_secs(1);
+    let start = Instant::now();
+    let err = ZkBackend::connect(config).await.unwrap_err();
+    // A hang detector, not a speed target: three times the configured timeout.
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        start.elapsed()
+    );
+    assert!(
+        matches!(
+            err,
+            Error::Backend {
+                backend: "zookeeper",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string().contains("check that ZooKeeper runs there"),
+        "{err}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_timeouts_outside_the_servers_bounds_are_refused() {
+    let connect = common::shared_standalone().connect_string();
+    // The test servers tick every 500 ms: they allow 1 s to 10 s.
+    for timeout in [Duration::from_millis(400), Duration::from_secs(30)] {
+        let config = ZkConfig::new(&connect)
+            .base_path(format!("/{}", unique("bad")))
+            .session_timeout(timeout);
+        match ZkBackend::connect(config).await {
+            Err(Error::InvalidConfig {
+                field: "session_timeout",
+                reason,
+            }) => {
+                assert!(reason.contains("granted"), "{reason}");
+            }
+            other => panic!("{timeout:?}: expected InvalidConfig, got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn invalid_settings_are_refused_before_connecting() {
+    for (config, field) in [
+        (ZkConfig::new(""), "connect"),
+        (ZkConfig::new("h:1").base_path("fencelock"), "base_path"),
+        (ZkConfig::new("h:1").base_path("/a/"), "base_path"),
+        (ZkConfig::new("h:1").base_path("/a/.state"), "base_path"),
+        (ZkConfig::new("h:1").digest("a:b", "pw"), "digest"),
+    ] {
+        match ZkBackend::connect(config).await {
+            Err(Error::InvalidConfig { field: got, .. }) => assert_eq!(got, field),
+            other => panic!("expected InvalidConfig({field}), got {other:?}"),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_zookeeper_cannot_store_are_refused() {
+    let factory = common::ZkFactory::on(common::shared_standalone()).await;
+    let backend = factory.backend().await;
+    for bad in ["zookeeper", "private\u{e000}use", "a/b", ".."] {
+        let got = backend.try_lock(bad).await;
+        assert!(
+            matches!(got, Err(Error::InvalidName { .. })),
+            "{bad:?}: {got:?}"
+        );
+    }
+}
