@@ -39,6 +39,7 @@ mod lease;
 pub mod memory;
 mod name;
 mod token;
+mod withdrawals;
 
 #[cfg(feature = "testkit")]
 pub mod testkit;
@@ -51,3 +52,4 @@ pub use lease::LeaseClock;
 pub use memory::{MemoryBackend, MemoryConfig, MemoryStore};
 pub use name::{LockName, StateKey, MAX_NAME_LEN};
 pub use token::FencingToken;
+pub use withdrawals::{Withdrawal, Withdrawals};

@@ -501,3 +501,31 @@ pub async fn fenced_state_round_trip<F: BackendFactory>(factory: &F) {
     );
     release("state: second", h).await;
 }
+
+/// A try right after the same instance's acquire timed out succeeds once the holder is gone:
+/// the instance's own leftover, still being withdrawn, is not "another holder".
+pub async fn try_after_own_cancelled_acquire<F: BackendFactory>(factory: &F) {
+    let name = factory.name("retry");
+    let (a, b) = (factory.connect().await, factory.connect().await);
+    warm(&b, name.as_str()).await;
+    // Each round races the withdrawal of B's timed-out acquire against A's release (one round
+    // trip each), so a backend that lets B trip over its own leftover fails within a few rounds.
+    for round in 0..10 {
+        let held = acquire("retry: holder", &a, name.as_str()).await;
+        let timed = bounded(
+            "retry: timeout",
+            b.acquire(&name, Wait::Timeout(Duration::from_millis(50))),
+        )
+        .await;
+        assert!(matches!(timed, Err(Error::Timeout { .. })), "{timed:?}");
+        release("retry: holder", held).await;
+        let tried = bounded("retry: try", b.acquire(&name, Wait::Try)).await;
+        let guard = match tried {
+            Ok(guard) => guard,
+            Err(e) => panic!(
+                "round {round}: try on a free lock right after our own timed-out acquire: {e}"
+            ),
+        };
+        release("retry", guard).await;
+    }
+}

@@ -135,6 +135,10 @@ impl EtcdBackend {
 
     async fn acquire_once(&self, name: &LockName, try_once: bool) -> Result<LockGuard> {
         let session = self.session().await?;
+        session
+            .withdrawals
+            .settled(name, self.config.request_timeout)
+            .await;
         let queue = session.local_queue(name);
         let turn = if try_once {
             queue.try_lock_owned().map_err(|_| would_block(name))?
@@ -157,6 +161,8 @@ impl EtcdBackend {
             })),
             key: Some(self.keys.lock_key(name, session.lease)),
             lease: session.lease,
+            session: Arc::clone(&session),
+            name: name.clone(),
             client: self.client.clone(),
             limit,
             turn: Some(turn),
@@ -219,6 +225,8 @@ struct Pending {
     enqueue: Option<JoinHandle<Result<Queued>>>,
     key: Option<String>,
     lease: i64,
+    session: Arc<Session>,
+    name: LockName,
     client: Client,
     limit: Duration,
     turn: Option<OwnedMutexGuard<()>>,
@@ -247,6 +255,7 @@ impl Pending {
 impl Drop for Pending {
     fn drop(&mut self) {
         let Some(key) = self.key.take() else { return };
+        let withdrawal = self.session.withdrawals.begin(&self.name);
         let (enqueue, turn) = (self.enqueue.take(), self.turn.take());
         let (client, lease, limit) = (self.client.clone(), self.lease, self.limit);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -266,6 +275,38 @@ impl Drop for Pending {
                 Err(e) => tracing::warn!(%key, error = %e, "etcd: could not withdraw a cancelled acquire; its key ends with the lease"),
             }
             drop(turn);
+            drop(withdrawal);
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use std::time::Duration;
+
+    use fencelock::{LockBackend, LockName, Wait};
+    use fencelock_testsupport::{unique, EtcdCluster};
+
+    use super::*;
+
+    /// The state a cancelled acquire leaves for a moment: its withdrawal still holds this
+    /// session's turn on the name. A try must wait for it, not report "held by another".
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn try_waits_for_our_own_withdrawal() {
+        let cluster = EtcdCluster::start(1);
+        let config = EtcdConfig::new(cluster.endpoints()).prefix(format!("{}/", unique("w")));
+        let backend = EtcdBackend::connect(config).await.unwrap();
+        let name = LockName::new("job").unwrap();
+        let session = backend.session().await.unwrap();
+        let turn = session.local_queue(&name).lock_owned().await;
+        let withdrawal = session.withdrawals.begin(&name);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            drop(turn);
+            drop(withdrawal);
+        });
+        let guard = backend.acquire(&name, Wait::Try).await.unwrap();
+        drop(guard);
     }
 }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
-use fencelock::{Error, LeaseClock, LockName, Result};
+use fencelock::{Error, LeaseClock, LockName, Result, Withdrawals};
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -25,6 +25,8 @@ pub(crate) struct Session {
     /// All contenders of one session share one key per lock (the key is named after the lease),
     /// so tasks of this session take turns per lock name here before touching etcd.
     local: Mutex<HashMap<LockName, Weak<AsyncMutex<()>>>>,
+    /// Cancelled acquires of this session still being withdrawn.
+    pub(crate) withdrawals: Withdrawals,
 }
 
 impl Session {
@@ -60,6 +62,7 @@ impl Session {
             request_timeout: config.request_timeout,
             keep_alive,
             local: Mutex::new(HashMap::new()),
+            withdrawals: Withdrawals::default(),
         }))
     }
 

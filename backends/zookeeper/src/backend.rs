@@ -107,6 +107,7 @@ impl ZkBackend {
     async fn acquire_once(&self, name: &LockName, try_once: bool) -> Result<LockGuard> {
         let session = self.session().await?;
         let limit = self.config.request_timeout;
+        session.withdrawals.settled(name, limit).await;
         let id = uuid::Uuid::new_v4().to_string();
         let mut pending = Pending {
             create: Some(tokio::spawn({
@@ -121,6 +122,7 @@ impl ZkBackend {
             })),
             session: Some(Arc::clone(&session)),
             dir: self.paths.lock_dir(name),
+            name: name.clone(),
             id,
             limit,
         };
@@ -170,6 +172,7 @@ struct Pending {
     create: Option<JoinHandle<Result<Node>>>,
     session: Option<Arc<ZkSession>>,
     dir: String,
+    name: LockName,
     id: String,
     limit: std::time::Duration,
 }
@@ -194,6 +197,7 @@ impl Drop for Pending {
         let Some(session) = self.session.take() else {
             return;
         };
+        let withdrawal = session.withdrawals.begin(&self.name);
         let (create, dir, id, limit) = (
             self.create.take(),
             self.dir.clone(),
@@ -209,6 +213,51 @@ impl Drop for Pending {
                 let _ = task.await;
             }
             mutex::withdraw(&session, &dir, &id, limit).await;
+            drop(withdrawal);
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use std::time::Duration;
+
+    use fencelock::{LockBackend, LockName, Wait};
+    use fencelock_testsupport::{unique, ZkEnsemble};
+
+    use super::*;
+
+    /// The state a cancelled acquire leaves for a moment: our own node, ahead in the queue, is
+    /// still being withdrawn. A try must wait for it, not report "held by another".
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn try_waits_for_our_own_withdrawal() {
+        let ensemble = ZkEnsemble::start(1);
+        let config =
+            ZkConfig::new(ensemble.connect_string()).base_path(format!("/{}", unique("w")));
+        let backend = ZkBackend::connect(config).await.unwrap();
+        let name = LockName::new("job").unwrap();
+        let session = backend.session().await.unwrap();
+        let limit = Duration::from_secs(5);
+        let leftover = uuid::Uuid::new_v4().to_string();
+        mutex::create(
+            &session.client,
+            &backend.paths,
+            &name,
+            &leftover,
+            backend.acls,
+            limit,
+        )
+        .await
+        .unwrap();
+        let withdrawal = session.withdrawals.begin(&name);
+        let dir = backend.paths.lock_dir(&name);
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            mutex::withdraw(&session, &dir, &leftover, limit).await;
+            drop(withdrawal);
+        });
+        let guard = backend.acquire(&name, Wait::Try).await.unwrap();
+        drop(guard);
     }
 }

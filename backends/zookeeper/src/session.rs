@@ -10,7 +10,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use fencelock::{Error, LeaseClock, Result};
+use fencelock::{Error, LeaseClock, Result, Withdrawals};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -24,6 +24,8 @@ pub(crate) struct ZkSession {
     /// Held lock nodes and the trigger of each guard's `lost`, re-checked after a reconnect.
     held: Mutex<HashMap<String, CancellationToken>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// Cancelled acquires of this session still being withdrawn.
+    pub(crate) withdrawals: Withdrawals,
 }
 
 impl std::fmt::Debug for ZkSession {
@@ -82,6 +84,7 @@ impl ZkSession {
             clock,
             held: Mutex::new(HashMap::new()),
             tasks: Mutex::new(Vec::new()),
+            withdrawals: Withdrawals::default(),
         });
         let probe = tokio::spawn(probe(
             session.client.clone(),
