@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::{Error, LockGuard, LockName, Result, StateKey};
+use crate::{Error, FencingToken, LockGuard, LockName, Result, StateKey};
 
 /// How long an acquire may wait for a lock that someone else holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -111,6 +111,70 @@ pub trait LockBackend: Send + Sync + fmt::Debug {
     /// # Cancel safety
     /// Cancel-safe: dropping the future removes the waiter from the queue (see the contract).
     async fn acquire(&self, name: &LockName, wait: Wait) -> Result<LockGuard>;
+
+    /// Who holds `name` and how many wait for it, as the store sees it now (for operators:
+    /// `fencelock status`). The default says the backend does not support it.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`], or [`Error::Backend`] when the store cannot be reached.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: it only reads.
+    async fn status(&self, name: &LockName) -> Result<LockStatus> {
+        let _ = name;
+        Err(Error::Unsupported {
+            backend: self.kind(),
+            what: "status",
+        })
+    }
+
+    /// The names of locks that are held or waited for, starting with `prefix` (for operators:
+    /// `fencelock list`). The default says the backend does not support it.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`], or [`Error::Backend`] when the store cannot be reached.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: it only reads.
+    async fn list(&self, prefix: &str) -> Result<Vec<LockName>> {
+        let _ = prefix;
+        Err(Error::Unsupported {
+            backend: self.kind(),
+            what: "list",
+        })
+    }
+}
+
+/// A lock as the store sees it at one moment ([`LockBackend::status`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LockStatus {
+    /// The lock's name.
+    pub name: LockName,
+    /// The holder's token, if the lock is held.
+    pub holder: Option<FencingToken>,
+    /// Contenders queued behind the holder.
+    pub waiting: usize,
+    /// How long ago the holder's queue entry was created (its wait included), where the store
+    /// records it (not for keys written by other clients, such as `etcdctl lock`).
+    pub age: Option<Duration>,
+}
+
+impl LockStatus {
+    /// A status; for backends.
+    pub fn new(
+        name: LockName,
+        holder: Option<FencingToken>,
+        waiting: usize,
+        age: Option<Duration>,
+    ) -> Self {
+        LockStatus {
+            name,
+            holder,
+            waiting,
+            age,
+        }
+    }
 }
 
 /// The store half of a held lock, behind a [`LockGuard`]. Backend authors implement it; users

@@ -92,6 +92,15 @@ pub enum Error {
         reason: String,
     },
 
+    /// The backend does not offer this operation.
+    #[error("the {backend} backend does not support {what}; use another backend or leave it out")]
+    Unsupported {
+        /// Which backend.
+        backend: &'static str,
+        /// The operation.
+        what: &'static str,
+    },
+
     /// The backend's store or client library failed.
     #[error("{backend} backend: {context}: {source}")]
     Backend {

@@ -44,7 +44,7 @@ mod withdrawals;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
-pub use backend::{HeldLock, LockBackend, LockBackendExt, ReleaseOutcome, Wait};
+pub use backend::{HeldLock, LockBackend, LockBackendExt, LockStatus, ReleaseOutcome, Wait};
 pub use error::{BoxError, Error, Result};
 pub use fence::{format_header, parse_header, Fence, FencePermit, FENCING_TOKEN_HEADER};
 pub use guard::LockGuard;

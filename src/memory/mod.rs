@@ -14,7 +14,7 @@ pub use store::MemoryStore;
 use store::Position;
 
 use crate::backend::{HeldLock, LockBackend, ReleaseOutcome, Wait};
-use crate::{Error, FencingToken, LeaseClock, LockGuard, LockName, Result, StateKey};
+use crate::{Error, FencingToken, LeaseClock, LockGuard, LockName, LockStatus, Result, StateKey};
 
 const KIND: &str = "memory";
 
@@ -288,6 +288,19 @@ impl LockBackend for MemoryBackend {
             }
         })
         .await
+    }
+
+    async fn status(&self, name: &LockName) -> Result<LockStatus> {
+        let (holder, waiting, age) = self.store.status(name);
+        Ok(LockStatus::new(name.clone(), holder, waiting, age))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LockName>> {
+        self.store
+            .names(prefix)
+            .into_iter()
+            .map(LockName::new)
+            .collect()
     }
 }
 

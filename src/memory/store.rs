@@ -39,6 +39,7 @@ struct State {
 struct Entry {
     token: u64,
     session: u64,
+    since: Instant,
     /// Woken when this entry becomes the holder or is removed.
     wake: Arc<Notify>,
 }
@@ -70,6 +71,39 @@ impl MemoryStore {
             .get(name.as_str())
             .and_then(|q| q.front())
             .map(|e| FencingToken::new(e.token))
+    }
+
+    /// The holder's token, the number of waiters and the holder's age, for `status`.
+    pub(super) fn status(
+        &self,
+        name: &LockName,
+    ) -> (Option<FencingToken>, usize, Option<Duration>) {
+        let state = self.state();
+        match state
+            .queues
+            .get(name.as_str())
+            .and_then(|q| Some((q.front()?, q.len())))
+        {
+            Some((holder, len)) => (
+                Some(FencingToken::new(holder.token)),
+                len - 1,
+                Some(holder.since.elapsed()),
+            ),
+            None => (None, 0, None),
+        }
+    }
+
+    /// Names with a holder, starting with `prefix`, sorted.
+    pub(super) fn names(&self, prefix: &str) -> Vec<String> {
+        let mut names: Vec<String> = self
+            .state()
+            .queues
+            .keys()
+            .filter(|n| n.starts_with(prefix))
+            .cloned()
+            .collect();
+        names.sort();
+        names
     }
 
     /// How many contenders are queued on `name`, the holder included.
@@ -138,6 +172,7 @@ impl MemoryStore {
             .push_back(Entry {
                 token,
                 session,
+                since: Instant::now(),
                 wake: Arc::new(Notify::new()),
             });
         Some(token)

@@ -529,3 +529,38 @@ pub async fn try_after_own_cancelled_acquire<F: BackendFactory>(factory: &F) {
         release("retry", guard).await;
     }
 }
+
+/// `status` names the holder's token and counts waiters; `list` finds held locks. Backends that
+/// answer [`Error::Unsupported`] pass.
+pub async fn status_and_list<F: BackendFactory>(factory: &F) {
+    let name = factory.name("status");
+    let (a, b) = (factory.connect().await, Arc::new(factory.connect().await));
+    match a.status(&name).await {
+        Err(Error::Unsupported { .. }) => return,
+        Ok(free) => assert_eq!((free.holder, free.waiting), (None, 0), "{free:?}"),
+        Err(e) => panic!("status of a free lock: {e}"),
+    }
+    let held = acquire("status: holder", &a, name.as_str()).await;
+    let waiter = {
+        let (b, name) = (Arc::clone(&b), name.clone());
+        tokio::spawn(async move { acquire("status: waiter", &*b, name.as_str()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let status = ok("status", a.status(&name).await);
+    assert_eq!(status.holder, Some(held.token()), "{status:?}");
+    assert_eq!(status.waiting, 1, "{status:?}");
+    assert!(
+        status.age.is_some_and(|age| age < super::BOUND),
+        "{status:?}"
+    );
+    let listed = ok("list", a.list("").await);
+    assert!(listed.contains(&name), "{name} missing from {listed:?}");
+    assert!(ok("list with another prefix", a.list("no-such-prefix").await).is_empty());
+    release("status: holder", held).await;
+    let next = bounded("status: waiter", waiter)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    release("status: waiter", next).await;
+    let free = ok("status after release", a.status(&name).await);
+    assert_eq!((free.holder, free.waiting), (None, 0), "{free:?}");
+}

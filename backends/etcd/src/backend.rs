@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, TlsOptions, Txn,
-    TxnOp,
+    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, SortOrder,
+    SortTarget, TlsOptions, Txn, TxnOp,
 };
-use fencelock::{Error, FencingToken, LockBackend, LockGuard, LockName, Result, Wait};
+use fencelock::{Error, FencingToken, LockBackend, LockGuard, LockName, LockStatus, Result, Wait};
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 use tokio::task::JoinHandle;
 
@@ -208,6 +208,56 @@ impl LockBackend for EtcdBackend {
     async fn acquire(&self, name: &LockName, wait: Wait) -> Result<LockGuard> {
         wait.limit(name, self.acquire_once(name, wait == Wait::Try))
             .await
+    }
+
+    async fn status(&self, name: &LockName) -> Result<LockStatus> {
+        let all = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend);
+        let resp = call("read the lock's queue", self.config.request_timeout, {
+            let (mut client, prefix) = (self.client.clone(), self.keys.lock_prefix(name));
+            async move { client.get(prefix, Some(all)).await }
+        })
+        .await?;
+        let Some(holder) = resp.kvs().first() else {
+            return Ok(LockStatus::new(name.clone(), None, 0, None));
+        };
+        let age = std::str::from_utf8(holder.value())
+            .ok()
+            .and_then(|v| v.parse::<u128>().ok())
+            .map(|since| {
+                let ms = mutex::unix_millis().saturating_sub(since);
+                Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX))
+            });
+        Ok(LockStatus::new(
+            name.clone(),
+            Some(FencingToken::new(holder.create_revision().unsigned_abs())),
+            resp.kvs().len() - 1,
+            age,
+        ))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LockName>> {
+        let keys = GetOptions::new().with_prefix().with_keys_only();
+        let resp = call("list locks", self.config.request_timeout, {
+            let (mut client, range) = (
+                self.client.clone(),
+                format!("{}{prefix}", self.config.prefix),
+            );
+            async move { client.get(range, Some(keys)).await }
+        })
+        .await?;
+        let mut names: Vec<LockName> = resp
+            .kvs()
+            .iter()
+            .filter_map(|kv| {
+                let rest = kv.key().strip_prefix(self.config.prefix.as_bytes())?;
+                let name = std::str::from_utf8(rest).ok()?.split('/').next()?;
+                LockName::new(name).ok()
+            })
+            .collect();
+        names.dedup();
+        Ok(names)
     }
 }
 

@@ -57,7 +57,7 @@ pub(crate) async fn enqueue(
             .and_then([
                 TxnOp::put(
                     key.as_str(),
-                    "",
+                    unix_millis().to_string(),
                     Some(PutOptions::new().with_lease(session.lease)),
                 ),
                 TxnOp::get(prefix.as_str(), Some(first_created())),
@@ -269,4 +269,11 @@ pub(crate) fn first_kv(resp: &TxnResponse, i: usize) -> Option<(i64, Vec<u8>)> {
             .map(|kv| (kv.create_revision(), kv.value().to_vec())),
         _ => None,
     }
+}
+
+/// Written as our key's value: when we queued, for `status` (Go's Mutex and etcdctl ignore it).
+pub(crate) fn unix_millis() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
 }

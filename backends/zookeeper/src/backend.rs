@@ -3,14 +3,14 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use fencelock::{Error, FencingToken, LockBackend, LockGuard, LockName, Result, Wait};
+use fencelock::{Error, FencingToken, LockBackend, LockGuard, LockName, LockStatus, Result, Wait};
 use tokio::sync::Mutex as AsyncMutex;
 use tokio::task::JoinHandle;
-use zookeeper_client::{Acls, CreateMode};
+use zookeeper_client::{Acls, CreateMode, MultiReadResult};
 
 use crate::held::ZkHeld;
 use crate::mutex::{self, Node};
-use crate::paths::{check_name, Paths};
+use crate::paths::{check_name, sort_key, Paths};
 use crate::session::ZkSession;
 use crate::{zk_error, ZkConfig, KIND};
 
@@ -162,6 +162,71 @@ impl LockBackend for ZkBackend {
         check_name(name)?;
         wait.limit(name, self.acquire_once(name, wait == Wait::Try))
             .await
+    }
+
+    async fn status(&self, name: &LockName) -> Result<LockStatus> {
+        check_name(name)?;
+        let session = self.session().await?;
+        let dir = self.paths.lock_dir(name);
+        let mut children = match session.client.list_children(&dir).await {
+            Ok(children) => children,
+            Err(zookeeper_client::Error::NoNode) => Vec::new(),
+            Err(e) => return Err(zk_error("list contenders", e)),
+        };
+        children.sort_by(|a, b| sort_key(a).cmp(sort_key(b)));
+        let Some(first) = children.first() else {
+            return Ok(LockStatus::new(name.clone(), None, 0, None));
+        };
+        let stat = match session.client.check_stat(&format!("{dir}/{first}")).await {
+            Ok(Some(stat)) => stat,
+            // The holder left between the two reads: ask again.
+            Ok(None) => return Box::pin(self.status(name)).await,
+            Err(e) => return Err(zk_error("read the holder's node", e)),
+        };
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let age =
+            std::time::Duration::from_millis(now_ms.saturating_sub(stat.ctime).unsigned_abs());
+        Ok(LockStatus::new(
+            name.clone(),
+            Some(FencingToken::new(stat.czxid.unsigned_abs())),
+            children.len() - 1,
+            Some(age),
+        ))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LockName>> {
+        let session = self.session().await?;
+        let base = &self.config.base_path;
+        let mut names: Vec<String> = match session.client.list_children(base).await {
+            Ok(children) => children,
+            Err(zookeeper_client::Error::NoNode) => Vec::new(),
+            Err(e) => return Err(zk_error("list locks", e)),
+        };
+        names.retain(|n| !n.starts_with('.') && n.starts_with(prefix));
+        names.sort();
+        if names.is_empty() {
+            return Ok(Vec::new());
+        }
+        // Empty lock paths linger until the server reaps the container: keep those with
+        // contenders, read in one request.
+        let mut reader = session.client.new_multi_reader();
+        for name in &names {
+            reader
+                .add_get_children(&format!("{base}/{name}"))
+                .map_err(|e| zk_error("list locks", e))?;
+        }
+        let results = reader
+            .commit()
+            .await
+            .map_err(|e| zk_error("list locks", e))?;
+        names
+            .into_iter()
+            .zip(results)
+            .filter(|(_, r)| matches!(r, MultiReadResult::Children { children } if !children.is_empty()))
+            .map(|(n, _)| LockName::new(n))
+            .collect()
     }
 }
 
