@@ -1,0 +1,35 @@
+//! Exit codes (sysexits where one fits) and error reports.
+
+use fencelock::Error;
+
+/// Bad arguments or URL.
+pub const USAGE: u8 = 64;
+/// The backend could not be reached or failed.
+pub const UNAVAILABLE: u8 = 69;
+/// Internal failure.
+pub const SOFTWARE: u8 = 70;
+/// The lock was not acquired: `--try` found it held, or `--timeout` passed.
+pub const NOT_ACQUIRED: u8 = 75;
+/// The lock was lost while CMD ran; CMD was sent SIGTERM, then SIGKILL after `--grace`.
+pub const LOST: u8 = 76;
+/// CMD could not be started.
+pub const CANNOT_RUN: u8 = 127;
+
+pub const HELP: &str = "\
+Exit codes of `run`: CMD's own status when it finishes (128+N if a signal N ended it);
+  64 bad arguments or URL; 69 backend unreachable or failing; 75 lock not acquired (--try,
+  --timeout); 76 lock LOST while CMD ran (CMD got SIGTERM, then SIGKILL after --grace);
+  127 CMD could not be started.
+CMD's environment: FENCELOCK_TOKEN (pass it to every resource CMD writes), FENCELOCK_NAME,
+  FENCELOCK_BACKEND (password hidden).";
+
+/// Prints `e` for a person and returns the matching exit code.
+pub fn report(e: &Error) -> u8 {
+    eprintln!("fencelock: {e}");
+    match e {
+        Error::InvalidName { .. } | Error::InvalidConfig { .. } => USAGE,
+        Error::WouldBlock { .. } | Error::Timeout { .. } => NOT_ACQUIRED,
+        Error::LockLost { .. } | Error::NotHeld { .. } | Error::StaleToken { .. } => LOST,
+        _ => UNAVAILABLE,
+    }
+}

@@ -1,0 +1,300 @@
+//! The `fencelock` command end to end against real etcd and ZooKeeper.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::process::{Output, Stdio};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use fencelock_testsupport::{tmp_root, unique, EtcdCluster, ProxyMode, TcpProxy, ZkEnsemble};
+use tokio::process::{Child, Command};
+
+const BIN: &str = env!("CARGO_BIN_EXE_fencelock");
+const BOUND: Duration = Duration::from_secs(60);
+
+fn etcd() -> &'static EtcdCluster {
+    static SERVER: OnceLock<EtcdCluster> = OnceLock::new();
+    SERVER.get_or_init(|| EtcdCluster::start(1))
+}
+
+fn zk() -> &'static ZkEnsemble {
+    static SERVER: OnceLock<ZkEnsemble> = OnceLock::new();
+    SERVER.get_or_init(|| ZkEnsemble::start(1))
+}
+
+fn etcd_url() -> String {
+    format!(
+        "etcd://{}/{}?ttl=2s",
+        etcd().endpoints()[0].trim_start_matches("http://"),
+        unique("cli")
+    )
+}
+
+fn zk_url() -> String {
+    format!(
+        "zk://{}/{}?session_timeout=3s",
+        zk().connect_string(),
+        unique("cli")
+    )
+}
+
+fn fencelock(url: &str, args: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.env("FENCELOCK_BACKEND", url)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+async fn output(url: &str, args: &[&str]) -> Output {
+    tokio::time::timeout(BOUND, fencelock(url, args).output())
+        .await
+        .expect("fencelock finishes")
+        .unwrap()
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+async fn wait_for_file(path: &Path) -> String {
+    tokio::time::timeout(BOUND, async {
+        loop {
+            if let Ok(s) = std::fs::read_to_string(path) {
+                if s.ends_with('\n') {
+                    return s;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the command starts")
+}
+
+/// Running or sleeping; a zombie (killed, waiting for a parent to reap it) counts as gone.
+fn alive(pid: &str) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{}/stat", pid.trim())) else {
+        return false;
+    };
+    // The state follows the parenthesised command name.
+    let state = stat
+        .rsplit(')')
+        .next()
+        .and_then(|rest| rest.split_whitespace().next());
+    !matches!(state, Some("Z" | "X"))
+}
+
+async fn exit_code(child: Child) -> i32 {
+    let out = tokio::time::timeout(BOUND, child.wait_with_output())
+        .await
+        .expect("fencelock exits")
+        .unwrap();
+    eprintln!("fencelock stderr:\n{}", text(&out.stderr));
+    out.status.code().expect("an exit code")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn env_vars_and_the_exit_status_pass_through() {
+    for url in [etcd_url(), zk_url()] {
+        let out = output(
+            &url,
+            &[
+                "run",
+                "job",
+                "--",
+                "sh",
+                "-c",
+                "echo $FENCELOCK_TOKEN $FENCELOCK_NAME $FENCELOCK_BACKEND; exit 3",
+            ],
+        )
+        .await;
+        assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+        let stdout = text(&out.stdout);
+        let words: Vec<&str> = stdout.split_whitespace().collect();
+        assert!(words[0].parse::<u64>().is_ok_and(|t| t > 0), "{stdout}");
+        assert_eq!(words[1], "job");
+        assert_eq!(words[2], url);
+        let status = output(&url, &["status", "job", "--json"]).await;
+        assert!(
+            text(&status.stdout).contains("\"held\":false"),
+            "no lock left held: {}",
+            text(&status.stdout)
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn try_and_timeout_exit_75_while_another_holds() {
+    for url in [etcd_url(), zk_url()] {
+        let dir = tmp_root().join(unique("hold"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let started = dir.join("started");
+        let script = format!("echo $$ > {}; sleep 30", started.display());
+        let holder = fencelock(&url, &["run", "job", "--", "sh", "-c", &script])
+            .spawn()
+            .unwrap();
+        wait_for_file(&started).await;
+        let tried = output(&url, &["run", "job", "--try", "--", "true"]).await;
+        assert_eq!(tried.status.code(), Some(75), "{}", text(&tried.stderr));
+        let timed = output(&url, &["run", "job", "--timeout", "300ms", "--", "true"]).await;
+        assert_eq!(timed.status.code(), Some(75), "{}", text(&timed.stderr));
+        let status = text(&output(&url, &["status", "job"]).await.stdout);
+        assert!(status.starts_with("job: held by token"), "{status}");
+        drop(holder); // kill_on_drop: SIGKILL to fencelock; the lease ends the lock
+    }
+}
+
+/// Revokes the lease behind the etcd key of lock `job` under the URL's prefix.
+async fn revoke_holder(url: &str) {
+    let prefix = url.split('/').nth(3).unwrap().split('?').next().unwrap();
+    let mut admin = etcd_client::Client::connect(etcd().endpoints(), None)
+        .await
+        .unwrap();
+    let keys = admin
+        .get(
+            format!("{prefix}/job/"),
+            Some(etcd_client::GetOptions::new().with_prefix()),
+        )
+        .await
+        .unwrap();
+    let key = keys.kvs()[0].key_str().unwrap().to_owned();
+    let lease = i64::from_str_radix(key.rsplit('/').next().unwrap(), 16).unwrap();
+    admin.lease_revoke(lease).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_lock_stops_the_command_with_sigterm_then_sigkill() {
+    for ignores_term in [false, true] {
+        let url = etcd_url();
+        let dir = tmp_root().join(unique("lost"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let pids = dir.join("pids");
+        // The command and a grandchild; one variant ignores SIGTERM.
+        let trap = if ignores_term { "trap '' TERM;" } else { "" };
+        let script = format!("{trap} sleep 60 & echo $$ $! > {}; wait", pids.display());
+        let child = fencelock(
+            &url,
+            &["run", "job", "--grace", "1s", "--", "sh", "-c", &script],
+        )
+        .spawn()
+        .unwrap();
+        let pids = wait_for_file(&pids).await;
+        revoke_holder(&url).await;
+        assert_eq!(
+            exit_code(child).await,
+            76,
+            "lost lock must exit 76 (ignores TERM: {ignores_term})"
+        );
+        for pid in pids.split_whitespace() {
+            assert!(
+                !alive(pid),
+                "process {pid} outlived the lost lock (ignores TERM: {ignores_term})"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_zookeeper_client_stops_the_command() {
+    let proxy = TcpProxy::start(zk().connect_string()).await;
+    let url = format!(
+        "zk://127.0.0.1:{}/{}?session_timeout=3s",
+        proxy.port,
+        unique("cut")
+    );
+    let dir = tmp_root().join(unique("zkcut"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pid = dir.join("pid");
+    let script = format!("echo $$ > {}; sleep 60", pid.display());
+    let child = fencelock(
+        &url,
+        &["run", "job", "--grace", "1s", "--", "sh", "-c", &script],
+    )
+    .spawn()
+    .unwrap();
+    let pid = wait_for_file(&pid).await;
+    proxy.set_mode(ProxyMode::BlackHole);
+    assert_eq!(exit_code(child).await, 76);
+    assert!(!alive(&pid));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signals_are_forwarded_and_the_lock_released_after() {
+    for url in [etcd_url(), zk_url()] {
+        let dir = tmp_root().join(unique("sig"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let started = dir.join("started");
+        let script = format!(
+            "trap 'exit 7' TERM; echo go > {}; sleep 60 & wait",
+            started.display()
+        );
+        let child = fencelock(&url, &["run", "job", "--", "sh", "-c", &script])
+            .spawn()
+            .unwrap();
+        wait_for_file(&started).await;
+        let pid = child.id().unwrap().to_string();
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap();
+        assert_eq!(
+            exit_code(child).await,
+            7,
+            "fencelock must exit with the command's status"
+        );
+        let status = text(&output(&url, &["status", "job"]).await.stdout);
+        assert_eq!(status.trim(), "job: free");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_exit_codes() {
+    let cases: [(&str, &[&str], i32); 5] = [
+        ("mem://", &["run", "a/b", "--", "true"], 64),
+        ("redis://h", &["run", "job", "--", "true"], 64),
+        ("mem://", &["run", "job", "--", "/no/such/command"], 127),
+        ("mem://", &["run", "job"], 64),
+        (
+            "mem://",
+            &["run", "job", "--timeout", "soon", "--", "true"],
+            64,
+        ),
+    ];
+    for (url, args, code) in cases {
+        let out = output(url, args).await;
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(!text(&out.stderr).is_empty(), "{args:?} must say why");
+    }
+    let unreachable = format!(
+        "etcd://127.0.0.1:{}?connect_timeout=1s",
+        fencelock_testsupport::free_port()
+    );
+    let out = output(&unreachable, &["run", "job", "--", "true"]).await;
+    assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_shows_the_refused_write_and_the_lost_update() {
+    let out = output("mem://", &["demo"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(stdout.contains("REFUSED A's write"), "{stdout}");
+    assert!(stdout.contains("B's deposit survived"), "{stdout}");
+    assert!(stdout.contains("B's deposit is LOST"), "{stdout}");
+    let out = output(&etcd_url(), &["demo"]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("REFUSED A's write"),
+        "{}",
+        text(&out.stdout)
+    );
+}
