@@ -14,12 +14,12 @@ const BOUND: Duration = Duration::from_secs(60);
 
 fn etcd() -> &'static EtcdCluster {
     static SERVER: OnceLock<EtcdCluster> = OnceLock::new();
-    SERVER.get_or_init(|| EtcdCluster::start(1))
+    SERVER.get_or_init(|| EtcdCluster::from_env_or_start(1))
 }
 
 fn zk() -> &'static ZkEnsemble {
     static SERVER: OnceLock<ZkEnsemble> = OnceLock::new();
-    SERVER.get_or_init(|| ZkEnsemble::start(1))
+    SERVER.get_or_init(|| ZkEnsemble::from_env_or_start(1))
 }
 
 fn etcd_url() -> String {

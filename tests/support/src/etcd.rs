@@ -9,6 +9,13 @@ use std::net::TcpStream;
 use crate::process::{free_port, http_get_contains, tmp_root, unique, Server};
 use crate::TlsFiles;
 
+/// The variable naming etcd servers started elsewhere, for tests that only use a server.
+pub const ETCD_ENV: &str = "FENCELOCK_TEST_ETCD_ENDPOINTS";
+
+/// What to set [`ETCD_ENV`] to for the cluster in `docker-compose.yml`.
+pub const COMPOSE_ETCD_ENDPOINTS: &str =
+    "http://127.0.0.1:2379,http://127.0.0.1:22379,http://127.0.0.1:32379";
+
 /// One member of an [`EtcdCluster`].
 #[derive(Debug)]
 pub struct EtcdMember {
@@ -28,6 +35,8 @@ pub struct EtcdCluster {
     pub members: Vec<EtcdMember>,
     /// TLS material when the client URLs are `https://`.
     pub tls: Option<TlsFiles>,
+    /// Endpoints of servers started elsewhere (`FENCELOCK_TEST_ETCD_ENDPOINTS`).
+    external: Option<Vec<String>>,
     /// The folder holding every member's data and log.
     pub dir: PathBuf,
 }
@@ -112,7 +121,12 @@ impl EtcdCluster {
                 }
             })
             .collect();
-        let mut cluster = EtcdCluster { members, dir, tls };
+        let mut cluster = EtcdCluster {
+            members,
+            dir,
+            tls,
+            external: None,
+        };
         for i in 0..size {
             cluster.wait_healthy(i);
         }
@@ -149,8 +163,29 @@ impl EtcdCluster {
         }
     }
 
+    /// For tests that only use a server: the cluster named by `FENCELOCK_TEST_ETCD_ENDPOINTS`
+    /// (comma-separated client URLs, e.g. the docker-compose.yml cluster) when it is set, else a
+    /// new one of `size` members started here.
+    pub fn from_env_or_start(size: usize) -> Self {
+        match std::env::var(ETCD_ENV)
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+        {
+            Some(list) => EtcdCluster {
+                members: Vec::new(),
+                dir: tmp_root(),
+                tls: None,
+                external: Some(list.split(',').map(|e| e.trim().to_owned()).collect()),
+            },
+            None => Self::start(size),
+        }
+    }
+
     /// Client URLs of all members: `http://127.0.0.1:PORT` (`https://` with TLS).
     pub fn endpoints(&self) -> Vec<String> {
+        if let Some(external) = &self.external {
+            return external.clone();
+        }
         let scheme = if self.tls.is_some() { "https" } else { "http" };
         self.members
             .iter()

@@ -13,8 +13,10 @@ mod proxy;
 mod tls;
 mod zookeeper;
 
-pub use etcd::{EtcdCluster, EtcdMember};
+pub use etcd::{EtcdCluster, EtcdMember, COMPOSE_ETCD_ENDPOINTS, ETCD_ENV};
 pub use process::{free_port, tmp_root, unique};
 pub use proxy::{ProxyMode, TcpProxy};
 pub use tls::TlsFiles;
-pub use zookeeper::{four_letter, ZkEnsemble, ZkMember, TICK as ZK_TICK};
+pub use zookeeper::{
+    four_letter, ZkEnsemble, ZkMember, COMPOSE_ZK_CONNECT, TICK as ZK_TICK, ZK_ENV,
+};

@@ -10,6 +10,12 @@ use crate::process::{free_port, tmp_root, unique, Server};
 /// ZooKeeper's tick in these tests: sessions may last 2 to 20 ticks (1 s to 10 s).
 pub const TICK: Duration = Duration::from_millis(500);
 
+/// The variable naming ZooKeeper servers started elsewhere, for tests that only use a server.
+pub const ZK_ENV: &str = "FENCELOCK_TEST_ZK_CONNECT";
+
+/// What to set [`ZK_ENV`] to for the ensemble in `docker-compose.yml`.
+pub const COMPOSE_ZK_CONNECT: &str = "127.0.0.1:2181,127.0.0.1:2182,127.0.0.1:2183";
+
 /// One member of a [`ZkEnsemble`].
 #[derive(Debug)]
 pub struct ZkMember {
@@ -27,6 +33,8 @@ pub struct ZkEnsemble {
     pub members: Vec<ZkMember>,
     /// The folder holding every member's data and log.
     pub dir: PathBuf,
+    /// Servers started elsewhere (`FENCELOCK_TEST_ZK_CONNECT`).
+    external: Option<String>,
 }
 
 impl ZkEnsemble {
@@ -90,7 +98,11 @@ impl ZkEnsemble {
                 }
             })
             .collect();
-        let mut ensemble = ZkEnsemble { members, dir };
+        let mut ensemble = ZkEnsemble {
+            members,
+            dir,
+            external: None,
+        };
         for i in 0..size {
             ensemble.wait_serving(i);
         }
@@ -108,8 +120,25 @@ impl ZkEnsemble {
             });
     }
 
+    /// For tests that only use a server: the servers named by `FENCELOCK_TEST_ZK_CONNECT`
+    /// (`host:port,...`, e.g. the docker-compose.yml ensemble, whose tick must be 500 ms) when
+    /// it is set, else a new ensemble of `size` started here.
+    pub fn from_env_or_start(size: usize) -> Self {
+        match std::env::var(ZK_ENV).ok().filter(|v| !v.trim().is_empty()) {
+            Some(connect) => ZkEnsemble {
+                members: Vec::new(),
+                dir: tmp_root(),
+                external: Some(connect.trim().to_owned()),
+            },
+            None => Self::start(size),
+        }
+    }
+
     /// `127.0.0.1:p1,127.0.0.1:p2,...`: a connect string for all members.
     pub fn connect_string(&self) -> String {
+        if let Some(external) = &self.external {
+            return external.clone();
+        }
         self.members
             .iter()
             .map(|m| format!("127.0.0.1:{}", m.client_port))

@@ -17,13 +17,13 @@ pub const TTL: Duration = Duration::from_secs(3);
 /// One single-node etcd per test binary; tests only use it, each under its own prefix.
 pub fn shared_single() -> &'static EtcdCluster {
     static SERVER: OnceLock<EtcdCluster> = OnceLock::new();
-    SERVER.get_or_init(|| EtcdCluster::start(1))
+    SERVER.get_or_init(|| EtcdCluster::from_env_or_start(1))
 }
 
 /// One 3-node cluster per test binary, for tests that only use it.
 pub fn shared_cluster() -> &'static EtcdCluster {
     static SERVER: OnceLock<EtcdCluster> = OnceLock::new();
-    SERVER.get_or_init(|| EtcdCluster::start(3))
+    SERVER.get_or_init(|| EtcdCluster::from_env_or_start(3))
 }
 
 pub fn config(endpoints: Vec<String>, prefix: &str) -> EtcdConfig {

@@ -18,13 +18,13 @@ pub const TIMEOUT: Duration = Duration::from_secs(4);
 /// One standalone server per test binary; tests only use it, each under its own base path.
 pub fn shared_standalone() -> &'static ZkEnsemble {
     static SERVER: OnceLock<ZkEnsemble> = OnceLock::new();
-    SERVER.get_or_init(|| ZkEnsemble::start(1))
+    SERVER.get_or_init(|| ZkEnsemble::from_env_or_start(1))
 }
 
 /// One 3-node ensemble per test binary, for tests that only use it.
 pub fn shared_ensemble() -> &'static ZkEnsemble {
     static SERVER: OnceLock<ZkEnsemble> = OnceLock::new();
-    SERVER.get_or_init(|| ZkEnsemble::start(3))
+    SERVER.get_or_init(|| ZkEnsemble::from_env_or_start(3))
 }
 
 pub fn config(connect: &str, base: &str) -> ZkConfig {
