@@ -1,0 +1,111 @@
+//! A contender process: takes the lock again and again and, holding it, increments the
+//! register's value with read-modify-write steps, checking `is_held()` before each step (but,
+//! like real code, not between its read and its write: a pause there is the classic bug).
+//!
+//! Usage: contender BACKEND_URL LOCK_NAME REGISTER_ADDR STEP_MILLIS
+#![forbid(unsafe_code)]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a test process: a panic is its report
+
+use std::time::Duration;
+
+use fencelock::{LockBackendExt, ReleaseOutcome};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+struct Register {
+    lines: tokio::io::Lines<BufReader<tokio::net::tcp::OwnedReadHalf>>,
+    writer: tokio::net::tcp::OwnedWriteHalf,
+}
+
+impl Register {
+    /// Sends one request; `None` when the harness says stop.
+    async fn ask(&mut self, request: String) -> Option<String> {
+        self.writer
+            .write_all(format!("{request}\n").as_bytes())
+            .await
+            .ok()?;
+        let reply = self.lines.next_line().await.ok()??;
+        (reply != "STOP").then_some(reply)
+    }
+}
+
+#[tokio::main]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let (url, name, register, step) = (
+        &args[1],
+        &args[2],
+        &args[3],
+        Duration::from_millis(args[4].parse().unwrap()),
+    );
+    let pid = std::process::id();
+    let backend = fencelock_connect::connect(url)
+        .await
+        .expect("connect to the lock service");
+    let stream = TcpStream::connect(register)
+        .await
+        .expect("connect to the register");
+    let (read, writer) = stream.into_split();
+    let mut register = Register {
+        lines: BufReader::new(read).lines(),
+        writer,
+    };
+    // Bounded: the harness stops every contender long before this many critical sections.
+    for _ in 0..100_000 {
+        let guard = match backend.lock_timeout(name, Duration::from_secs(30)).await {
+            Ok(guard) => guard,
+            Err(e) => {
+                eprintln!("contender {pid}: acquire failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let token = guard.token().get();
+        if register
+            .ask(format!("ACQUIRED {pid} {token}"))
+            .await
+            .is_none()
+        {
+            return;
+        }
+        for _ in 0..3 {
+            if !guard.is_held() {
+                break;
+            }
+            let Some(reply) = register.ask(format!("READ {pid} {token}")).await else {
+                return;
+            };
+            let mut words = reply.split_whitespace().skip(1);
+            let value: u64 = words.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+            let version: u64 = words.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+            tokio::time::sleep(step).await; // the work; a SIGSTOP lands here
+            if register
+                .ask(format!("WRITE {pid} {token} {} {version}", value + 1))
+                .await
+                .is_none()
+            {
+                return;
+            }
+        }
+        if guard.is_held() {
+            let outcome = guard.release().await;
+            let what = if matches!(outcome, Ok(ReleaseOutcome::Released)) {
+                "RELEASED"
+            } else {
+                "LOST"
+            };
+            if register
+                .ask(format!("{what} {pid} {token}"))
+                .await
+                .is_none()
+            {
+                return;
+            }
+        } else {
+            if register.ask(format!("LOST {pid} {token}")).await.is_none() {
+                return;
+            }
+            drop(guard);
+        }
+    }
+}

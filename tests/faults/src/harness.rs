@@ -1,0 +1,285 @@
+//! Servers, proxies and contender processes, and the faults applied to them.
+
+use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::time::Duration;
+
+use fencelock_testsupport::{tmp_root, unique, EtcdCluster, ProxyMode, TcpProxy, ZkEnsemble};
+use tokio::process::{Child, Command};
+
+use crate::{check, Event, Kind, Register, Report};
+
+/// Which lock service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Backend {
+    /// A 3-node etcd cluster.
+    Etcd,
+    /// A 3-node ZooKeeper ensemble.
+    ZooKeeper,
+}
+
+/// A fault.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Fault {
+    /// SIGSTOP the holder mid-section for two TTLs, then SIGCONT.
+    Pause,
+    /// Black-hole the holder's links to every server for two TTLs, then heal.
+    Partition,
+    /// SIGKILL the cluster's leader, restart it two seconds later.
+    Kill,
+}
+
+/// Faults to apply in order, from a seed that is printed so a run can be replayed.
+#[derive(Clone, Debug)]
+pub struct Schedule {
+    /// The seed of the random part (0 for a fixed schedule).
+    pub seed: u64,
+    /// The faults, each after a pause of the given length.
+    pub faults: Vec<(Fault, Duration)>,
+}
+
+impl Schedule {
+    /// `count` random faults with random gaps of 0.5 to 2 s, from `seed` (xorshift64).
+    pub fn random(seed: u64, count: usize) -> Self {
+        let mut x = seed.max(1);
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let faults = (0..count)
+            .map(|_| {
+                let fault = [Fault::Pause, Fault::Partition, Fault::Kill]
+                    [usize::try_from(next() % 3).unwrap_or(0)];
+                (fault, Duration::from_millis(500 + next() % 1500))
+            })
+            .collect();
+        Schedule { seed, faults }
+    }
+
+    /// These faults, one second apart.
+    pub fn fixed(faults: &[Fault]) -> Self {
+        Schedule {
+            seed: 0,
+            faults: faults
+                .iter()
+                .map(|&f| (f, Duration::from_secs(1)))
+                .collect(),
+        }
+    }
+}
+
+struct Contender {
+    child: Child,
+    proxies: Vec<TcpProxy>,
+}
+
+/// A running setup: a 3-node cluster, a register, contenders.
+pub struct Harness {
+    backend: Backend,
+    etcd: Option<EtcdCluster>,
+    zk: Option<ZkEnsemble>,
+    /// The protected resource.
+    pub register: Register,
+    contenders: Vec<Contender>,
+    ttl: Duration,
+    /// Faults applied, by kind.
+    pub applied: BTreeMap<Fault, usize>,
+}
+
+const STEP_MS: u64 = 150;
+
+impl Harness {
+    /// Starts a fresh 3-node cluster, a register (fenced or not) and `contenders` processes of
+    /// the `contender` binary at `program`.
+    pub async fn start(program: &str, backend: Backend, fenced: bool, contenders: usize) -> Self {
+        let ttl = Duration::from_secs(2);
+        let (etcd, zk, targets) = match backend {
+            Backend::Etcd => {
+                let cluster = EtcdCluster::start(3);
+                let targets = cluster
+                    .members
+                    .iter()
+                    .map(|m| format!("127.0.0.1:{}", m.client_port))
+                    .collect();
+                (Some(cluster), None, targets)
+            }
+            Backend::ZooKeeper => {
+                let ensemble = ZkEnsemble::start(3);
+                let targets: Vec<String> = ensemble
+                    .connect_string()
+                    .split(',')
+                    .map(str::to_owned)
+                    .collect();
+                (None, Some(ensemble), targets)
+            }
+        };
+        let register = Register::start(fenced).await;
+        let prefix = unique("faults");
+        let logs = tmp_root().join(&prefix);
+        std::fs::create_dir_all(&logs).unwrap();
+        let mut running = Vec::new();
+        for i in 0..contenders {
+            let mut proxies = Vec::new();
+            for target in &targets {
+                proxies.push(TcpProxy::start(target.clone()).await);
+            }
+            let hosts: Vec<String> = proxies
+                .iter()
+                .map(|p| format!("127.0.0.1:{}", p.port))
+                .collect();
+            let url = match backend {
+                Backend::Etcd => format!(
+                    "etcd://{}/{prefix}?ttl=2s&request_timeout=1s",
+                    hosts.join(",")
+                ),
+                Backend::ZooKeeper => format!(
+                    "zk://{}/{prefix}?session_timeout=2s&request_timeout=1s",
+                    hosts.join(",")
+                ),
+            };
+            let log = std::fs::File::create(logs.join(format!("contender-{i}.log"))).unwrap();
+            let child = Command::new(program)
+                .args([
+                    url.as_str(),
+                    "register",
+                    register.addr.as_str(),
+                    &STEP_MS.to_string(),
+                ])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log)
+                .kill_on_drop(true)
+                .spawn()
+                .unwrap();
+            running.push(Contender { child, proxies });
+        }
+        Harness {
+            backend,
+            etcd,
+            zk,
+            register,
+            contenders: running,
+            ttl,
+            applied: BTreeMap::new(),
+        }
+    }
+
+    /// Lets the contenders work for `how_long`.
+    pub async fn settle(&self, how_long: Duration) {
+        tokio::time::sleep(how_long).await;
+    }
+
+    /// The contender that holds the lock now, by the register's log.
+    fn holder(&self) -> Option<usize> {
+        let log = self.register.log();
+        let mut open: Option<(u32, u64)> = None;
+        for event in &log {
+            match event.kind {
+                Kind::Acquired => open = Some((event.pid, event.token)),
+                Kind::Lost | Kind::Released if open == Some((event.pid, event.token)) => {
+                    open = None
+                }
+                _ => {}
+            }
+        }
+        let (pid, _) = open?;
+        self.contenders
+            .iter()
+            .position(|c| c.child.id() == Some(pid))
+    }
+
+    /// Waits (at most 20 s) until the holder has just read: a pause then lands mid-section.
+    async fn holder_mid_section(&self) -> Option<usize> {
+        let mut events = self.register.subscribe();
+        let until = tokio::time::Instant::now() + Duration::from_secs(20);
+        while let Ok(Ok(event)) = tokio::time::timeout_at(until, events.recv()).await {
+            if event.kind == Kind::Read {
+                return self
+                    .contenders
+                    .iter()
+                    .position(|c| c.child.id() == Some(event.pid));
+            }
+        }
+        None
+    }
+
+    /// Applies every fault of `schedule`, printing it.
+    pub async fn run(&mut self, schedule: &Schedule) {
+        for &(fault, gap) in &schedule.faults {
+            self.settle(gap).await;
+            self.apply(fault).await;
+        }
+    }
+
+    async fn apply(&mut self, fault: Fault) {
+        let two_ttls = self.ttl * 2 + Duration::from_millis(500);
+        match fault {
+            Fault::Pause => {
+                let Some(i) = self.holder_mid_section().await else {
+                    return;
+                };
+                let Some(pid) = self.contenders[i].child.id() else {
+                    return;
+                };
+                signal(pid, "-STOP");
+                tokio::time::sleep(two_ttls).await;
+                signal(pid, "-CONT");
+            }
+            Fault::Partition => {
+                let Some(i) = self.holder() else { return };
+                for proxy in &self.contenders[i].proxies {
+                    proxy.set_mode(ProxyMode::BlackHole);
+                }
+                tokio::time::sleep(two_ttls).await;
+                for proxy in &self.contenders[i].proxies {
+                    proxy.set_mode(ProxyMode::Forward);
+                }
+            }
+            Fault::Kill => match self.backend {
+                Backend::Etcd => {
+                    let cluster = self.etcd.as_mut().unwrap();
+                    let Some(leader) = cluster.leader() else {
+                        return;
+                    };
+                    cluster.kill(leader);
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    cluster.restart(leader);
+                }
+                Backend::ZooKeeper => {
+                    let ensemble = self.zk.as_mut().unwrap();
+                    let Some(leader) = (0..3).find(|&i| ensemble.mode(i) == "leader") else {
+                        return;
+                    };
+                    ensemble.kill(leader);
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    ensemble.restart(leader);
+                }
+            },
+        }
+        *self.applied.entry(fault).or_default() += 1;
+    }
+
+    /// Stops the contenders and checks the history.
+    pub async fn finish(mut self) -> (Report, Vec<Event>, BTreeMap<Fault, usize>) {
+        self.register.stop();
+        for contender in &mut self.contenders {
+            // A contender still waiting for the lock hears STOP only once granted.
+            if tokio::time::timeout(Duration::from_secs(20), contender.child.wait())
+                .await
+                .is_err()
+            {
+                let _ = contender.child.kill().await;
+            }
+        }
+        let log = self.register.log();
+        (check(&log), log, self.applied)
+    }
+}
+
+fn signal(pid: u32, signal: &str) {
+    let _ = std::process::Command::new("kill")
+        .args([signal, &pid.to_string()])
+        .status();
+}
