@@ -1,0 +1,208 @@
+//! Contended handoff: N contenders (separate sessions) on one lock.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use etcd_client::WatchOptions;
+use fencelock::{LockBackend, LockBackendExt};
+use fencelock_testsupport::four_letter;
+use zookeeper_client::{Acls, CreateMode};
+
+use crate::servers::Servers;
+use crate::stats::{ms, percentiles, ratio};
+
+const HANDOFFS: usize = 150;
+
+/// One point of the plot: setup, contenders, p50 handoff latency.
+pub type Point = (String, usize, Duration);
+
+enum Mark {
+    Acquired(Instant),
+    Releasing(Instant),
+}
+
+async fn contend(backends: Vec<Arc<dyn LockBackend>>) -> (Vec<Duration>, Duration) {
+    let marks = Arc::new(Mutex::new(Vec::new()));
+    let grants = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let tasks: Vec<_> = backends
+        .into_iter()
+        .map(|backend| {
+            let (marks, grants) = (Arc::clone(&marks), Arc::clone(&grants));
+            tokio::spawn(async move {
+                // Bounded by HANDOFFS grants in all; after that every task leaves at its turn.
+                loop {
+                    let guard = backend.lock("handoff").await.unwrap();
+                    marks.lock().unwrap().push(Mark::Acquired(Instant::now()));
+                    let done = grants.fetch_add(1, Ordering::SeqCst) >= HANDOFFS;
+                    marks.lock().unwrap().push(Mark::Releasing(Instant::now()));
+                    let _ = guard.release().await.unwrap();
+                    if done {
+                        return;
+                    }
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let elapsed = started.elapsed();
+    let marks = marks.lock().unwrap();
+    let mut latencies = Vec::new();
+    let mut releasing = None;
+    for mark in marks.iter() {
+        match mark {
+            Mark::Releasing(at) => releasing = Some(*at),
+            Mark::Acquired(at) => {
+                if let Some(from) = releasing.take() {
+                    latencies.push(at.saturating_duration_since(from));
+                }
+            }
+        }
+    }
+    (latencies, elapsed)
+}
+
+/// etcd: one client puts, another is told by its watch.
+async fn etcd_notify(servers: &Servers) -> Duration {
+    let endpoints = servers.etcd.endpoints();
+    let mut writer = etcd_client::Client::connect(&endpoints, None)
+        .await
+        .unwrap();
+    let mut watcher = etcd_client::Client::connect(&endpoints, None)
+        .await
+        .unwrap();
+    let key = format!("{}notify", Servers::prefix());
+    let mut samples = Vec::new();
+    let mut stream = watcher
+        .watch(key.as_str(), Some(WatchOptions::new()))
+        .await
+        .unwrap();
+    let _ = stream.message().await; // the created response
+    for i in 0..120 {
+        let start = Instant::now();
+        writer.put(key.as_str(), i.to_string(), None).await.unwrap();
+        loop {
+            let resp = stream.message().await.unwrap().unwrap();
+            if !resp.events().is_empty() {
+                break;
+            }
+        }
+        if i >= 20 {
+            samples.push(start.elapsed());
+        }
+    }
+    percentiles(&mut samples).0
+}
+
+/// ZooKeeper: one client creates, another is told by its exists-watch.
+async fn zk_notify(servers: &Servers) -> Duration {
+    let connect = servers.zk.connect_string();
+    let writer = zookeeper_client::Client::connect(&connect).await.unwrap();
+    let watcher = zookeeper_client::Client::connect(&connect).await.unwrap();
+    let base = Servers::base();
+    writer
+        .mkdir(&base, &CreateMode::Persistent.with_acls(Acls::anyone_all()))
+        .await
+        .unwrap();
+    let mut samples = Vec::new();
+    for i in 0..120 {
+        let path = format!("{base}/n{i}");
+        let (_, watch) = watcher.check_and_watch_stat(&path).await.unwrap();
+        let start = Instant::now();
+        writer
+            .create(
+                &path,
+                b"",
+                &CreateMode::Persistent.with_acls(Acls::anyone_all()),
+            )
+            .await
+            .unwrap();
+        watch.changed().await;
+        if i >= 20 {
+            samples.push(start.elapsed());
+        }
+    }
+    percentiles(&mut samples).0
+}
+
+fn zk_received(servers: &Servers) -> u64 {
+    (0..servers.size)
+        .map(|i| {
+            four_letter(servers.zk.members[i].client_port, "srvr")
+                .lines()
+                .find_map(|l| l.strip_prefix("Received: "))
+                .and_then(|n| n.trim().parse::<u64>().ok())
+                .unwrap_or(0)
+        })
+        .sum()
+}
+
+pub async fn run(servers: &Servers) -> Vec<Point> {
+    println!(
+        "\n### Contended handoff ({HANDOFFS} handoffs; latency = holder's release call to the next holder's acquire returning)\n"
+    );
+    println!("| setup | contenders | handoffs/s | p50 | p99 | p50 / (write + notify) | server requests per handoff |\n|---|---|---|---|---|---|---|");
+    let mut points = Vec::new();
+    for backend in ["etcd", "zookeeper"] {
+        let limit = if backend == "etcd" {
+            etcd_notify(servers).await
+        } else {
+            zk_notify(servers).await
+        };
+        let label = servers.label(backend);
+        for n in [2usize, 8, 32] {
+            let mut backends: Vec<Arc<dyn LockBackend>> = Vec::new();
+            let (prefix, base) = (Servers::prefix(), Servers::base());
+            for _ in 0..n {
+                let b: Arc<dyn LockBackend> = if backend == "etcd" {
+                    Arc::new(servers.etcd_backend(&prefix).await)
+                } else {
+                    Arc::new(servers.zk_backend(&base).await)
+                };
+                // Open each session before timing.
+                let _ = b.lock("warm").await.unwrap().release().await.unwrap();
+                backends.push(b);
+            }
+            let count = |s: &Servers| -> (u64, u64, u64) {
+                if backend == "etcd" {
+                    let sum = |m: &str| (0..s.size).map(|i| s.etcd.rpc_count(i, m)).sum();
+                    (sum("Watch"), sum("Range"), sum("Txn"))
+                } else {
+                    (0, 0, zk_received(s))
+                }
+            };
+            let before = count(servers);
+            let (mut latencies, elapsed) = contend(backends).await;
+            let after = count(servers);
+            let handoffs = latencies.len().max(1) as f64;
+            let (p50, p99) = percentiles(&mut latencies);
+            let per = |a: u64, b: u64| (a - b) as f64 / handoffs;
+            let requests = if backend == "etcd" {
+                format!(
+                    "{:.1} watch, {:.1} range, {:.1} txn",
+                    per(after.0, before.0),
+                    per(after.1, before.1),
+                    per(after.2, before.2)
+                )
+            } else {
+                format!("{:.1} requests", per(after.2, before.2))
+            };
+            println!(
+                "| {label} | {n} | {:.0} | {} | {} | {} | {requests} |",
+                handoffs / elapsed.as_secs_f64(),
+                ms(p50),
+                ms(p99),
+                ratio(p50, limit)
+            );
+            points.push((label.clone(), n, p50));
+        }
+        println!(
+            "| {label} | limit: one write + one notification | | {} | | 1.00x | |",
+            ms(limit)
+        );
+    }
+    points
+}

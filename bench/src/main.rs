@@ -1,0 +1,48 @@
+//! `cargo run --release -p fencelock-bench -- all`: latency, handoff, scale and loss detection on
+//! real etcd and ZooKeeper (single node and 3-node cluster), each figure next to its limit and
+//! the peer clients, as ratios measured in the same run. Writes `target/bench/handoff.svg`.
+#![forbid(unsafe_code)]
+#![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: a panic is the report
+
+mod handoff;
+mod latency;
+mod loss;
+mod plot;
+mod scale;
+mod servers;
+mod stats;
+
+use servers::Servers;
+
+#[tokio::main]
+async fn main() {
+    let what = std::env::args().nth(1).unwrap_or_else(|| "all".into());
+    let known = ["all", "latency", "handoff", "scale", "loss"];
+    if !known.contains(&what.as_str()) {
+        eprintln!("usage: fencelock-bench [{}]", known.join("|"));
+        std::process::exit(64);
+    }
+    let wants = |part: &str| what == "all" || what == part;
+    let started = std::time::Instant::now();
+    let mut handoffs = Vec::new();
+    for size in [1, 3] {
+        let servers = Servers::start(size);
+        if wants("latency") {
+            latency::run(&servers).await;
+        }
+        if wants("handoff") {
+            handoffs.extend(handoff::run(&servers).await);
+        }
+        if size == 1 && wants("scale") {
+            scale::run(&servers).await;
+        }
+        if size == 1 && wants("loss") {
+            loss::run(&servers).await;
+        }
+    }
+    if !handoffs.is_empty() {
+        let path = plot::write(&handoffs);
+        println!("\nplot: {}", path.display());
+    }
+    println!("\nall done in {:.0?}", started.elapsed());
+}
