@@ -31,7 +31,8 @@ use crate::{call, EtcdConfig, KIND};
 /// predecessor that leaves, then one confirming Txn; release is one Txn; each fenced operation
 /// is one Txn.
 pub struct EtcdBackend {
-    client: Client,
+    /// Shared: the client is 3.5 KB by value, and every held lock keeps a handle.
+    client: Arc<Client>,
     config: EtcdConfig,
     keys: Keys,
     session: AsyncMutex<Option<Arc<Session>>>,
@@ -100,7 +101,7 @@ impl EtcdBackend {
         })
         .await?;
         Ok(EtcdBackend {
-            client,
+            client: Arc::new(client),
             keys: Keys::new(&config.prefix),
             config,
             session: AsyncMutex::new(None),
@@ -152,7 +153,7 @@ impl EtcdBackend {
         let mut pending = Pending {
             enqueue: Some(tokio::spawn({
                 let (client, keys, name, session) = (
-                    self.client.clone(),
+                    Client::clone(&self.client),
                     self.keys.clone(),
                     name.clone(),
                     Arc::clone(&session),
@@ -163,7 +164,7 @@ impl EtcdBackend {
             lease: session.lease,
             session: Arc::clone(&session),
             name: name.clone(),
-            client: self.client.clone(),
+            client: Client::clone(&self.client),
             limit,
             turn: Some(turn),
         };
@@ -178,7 +179,7 @@ impl EtcdBackend {
         let turn = pending.disarm()?;
         tracing::info!(lock = %name, token = queued.token, key = %queued.key, "etcd: acquired");
         let held = EtcdHeld {
-            client: self.client.clone(),
+            client: Arc::clone(&self.client),
             keys: self.keys.clone(),
             name: name.clone(),
             key: queued.key,
@@ -215,7 +216,7 @@ impl LockBackend for EtcdBackend {
             .with_prefix()
             .with_sort(SortTarget::Create, SortOrder::Ascend);
         let resp = call("read the lock's queue", self.config.request_timeout, {
-            let (mut client, prefix) = (self.client.clone(), self.keys.lock_prefix(name));
+            let (mut client, prefix) = (Client::clone(&self.client), self.keys.lock_prefix(name));
             async move { client.get(prefix, Some(all)).await }
         })
         .await?;
@@ -241,7 +242,7 @@ impl LockBackend for EtcdBackend {
         let keys = GetOptions::new().with_prefix().with_keys_only();
         let resp = call("list locks", self.config.request_timeout, {
             let (mut client, range) = (
-                self.client.clone(),
+                Client::clone(&self.client),
                 format!("{}{prefix}", self.config.prefix),
             );
             async move { client.get(range, Some(keys)).await }
@@ -307,7 +308,7 @@ impl Drop for Pending {
         let Some(key) = self.key.take() else { return };
         let withdrawal = self.session.withdrawals.begin(&self.name);
         let (enqueue, turn) = (self.enqueue.take(), self.turn.take());
-        let (client, lease, limit) = (self.client.clone(), self.lease, self.limit);
+        let (client, lease, limit) = (Client::clone(&self.client), self.lease, self.limit);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(%key, "etcd: acquire dropped outside a runtime; its key ends with the lease");
             return;

@@ -16,7 +16,7 @@ use crate::session::Session;
 /// while our key, from this acquisition, exists, which is exactly while we hold the lock (keys
 /// created later cannot get ahead of ours).
 pub(crate) struct EtcdHeld {
-    pub(crate) client: Client,
+    pub(crate) client: Arc<Client>,
     pub(crate) keys: Keys,
     pub(crate) name: LockName,
     pub(crate) key: String,
@@ -35,7 +35,7 @@ impl EtcdHeld {
     /// delete). The compare on the token keeps it from touching a later key of ours.
     fn keep_releasing(&self) {
         let (client, key, token, session) = (
-            self.client.clone(),
+            Arc::clone(&self.client),
             self.key.clone(),
             self.token,
             Arc::clone(&self._session),
