@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fencelock::{LockBackendExt, ReleaseOutcome};
+use fencelock::LockBackendExt;
 use fencelock_etcd::EtcdBackend;
 use fencelock_testsupport::{unique, EtcdCluster, ProxyMode, TcpProxy};
 use tokio::time::Instant;
@@ -34,62 +34,13 @@ async fn cut_off_client_is_lost_before_a_successor_is_granted_and_is_fenced() {
             .unwrap(),
     );
     let stale = a.lock("job").await.unwrap();
-    stale.fenced_put("owner", "a").await.unwrap();
-
+    stale.fenced_put("owner", "stale").await.unwrap();
     proxy.set_mode(ProxyMode::BlackHole);
-    let cut_at = Instant::now();
-    let waiting = {
-        let b = Arc::clone(&b);
-        tokio::spawn(async move {
-            let guard = b.lock("job").await;
-            (guard, Instant::now())
-        })
-    };
-    bounded("lost after the cut", stale.lost()).await;
-    let lost_at = Instant::now();
-    let (next, granted_at) = bounded("successor granted", waiting).await.unwrap();
-    let next = next.unwrap();
-    eprintln!(
-        "cut-off: lost {:?} after the cut, successor granted {:?} after the cut (TTL {:?})",
-        lost_at - cut_at,
-        granted_at - cut_at,
-        common::TTL
-    );
-    assert!(
-        lost_at < granted_at,
-        "lost must fire before another client can be granted the lock"
-    );
-    assert!(next.token() > stale.token());
-    assert!(stale
-        .fenced_put("owner", "a-late")
-        .await
-        .unwrap_err()
-        .is_lost());
-    next.fenced_put("owner", "b").await.unwrap();
-
-    // Heal the link and wait until `a` talks to etcd again (a new session): then the stale
-    // guard's release reaches the store, which refuses to delete the successor's lock.
-    proxy.set_mode(ProxyMode::Forward);
-    let other = bounded("a reconnects", async {
-        loop {
-            match a.lock_timeout("other", Duration::from_secs(5)).await {
-                Ok(guard) => break guard,
-                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-            }
-        }
+    let (lost, granted) = fencelock::testkit::cut_off_holder(stale, &a, b, "job", || {
+        proxy.set_mode(ProxyMode::Forward)
     })
     .await;
-    assert_eq!(stale.release().await.unwrap(), ReleaseOutcome::NotOwned);
-    assert!(
-        b.try_lock("job").await.is_err(),
-        "the successor must still hold the lock"
-    );
-    assert_eq!(
-        next.fenced_get("owner").await.unwrap().as_deref(),
-        Some(&b"b"[..])
-    );
-    let _ = other.release().await.unwrap();
-    let _ = next.release().await.unwrap();
+    eprintln!("cut-off: lost {lost:?} after the cut, successor granted {granted:?} after the cut (TTL {:?})", common::TTL);
 }
 
 /// Contenders loop on one lock while the leader is killed and restarted: no two holders at
