@@ -169,5 +169,4 @@ pub async fn run(servers: &Servers) {
         raw,
         peer,
     );
-    let _ = Duration::ZERO;
 }

@@ -168,31 +168,38 @@ impl LockBackend for ZkBackend {
         check_name(name)?;
         let session = self.session().await?;
         let dir = self.paths.lock_dir(name);
-        let mut children = match session.client.list_children(&dir).await {
-            Ok(children) => children,
-            Err(zookeeper_client::Error::NoNode) => Vec::new(),
-            Err(e) => return Err(zk_error("list contenders", e)),
-        };
-        children.sort_by(|a, b| sort_key(a).cmp(sort_key(b)));
-        let Some(first) = children.first() else {
-            return Ok(LockStatus::new(name.clone(), None, 0, None));
-        };
-        let stat = match session.client.check_stat(&format!("{dir}/{first}")).await {
-            Ok(Some(stat)) => stat,
-            // The holder left between the two reads: ask again.
-            Ok(None) => return Box::pin(self.status(name)).await,
-            Err(e) => return Err(zk_error("read the holder's node", e)),
-        };
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-        let age =
-            std::time::Duration::from_millis(now_ms.saturating_sub(stat.ctime).unsigned_abs());
-        Ok(LockStatus::new(
-            name.clone(),
-            Some(FencingToken::new(stat.czxid.unsigned_abs())),
-            children.len() - 1,
-            Some(age),
+        // Two reads; a holder that leaves between them costs another pass, a few at most.
+        for _ in 0..5 {
+            let mut children = match session.client.list_children(&dir).await {
+                Ok(children) => children,
+                Err(zookeeper_client::Error::NoNode) => Vec::new(),
+                Err(e) => return Err(zk_error("list contenders", e)),
+            };
+            children.sort_by(|a, b| sort_key(a).cmp(sort_key(b)));
+            let Some(first) = children.first() else {
+                return Ok(LockStatus::new(name.clone(), None, 0, None));
+            };
+            let stat = match session.client.check_stat(&format!("{dir}/{first}")).await {
+                Ok(Some(stat)) => stat,
+                Ok(None) => continue,
+                Err(e) => return Err(zk_error("read the holder's node", e)),
+            };
+            let now_ms = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+            let age =
+                std::time::Duration::from_millis(now_ms.saturating_sub(stat.ctime).unsigned_abs());
+            return Ok(LockStatus::new(
+                name.clone(),
+                Some(FencingToken::new(stat.czxid.unsigned_abs())),
+                children.len() - 1,
+                Some(age),
+            ));
+        }
+        Err(Error::backend(
+            KIND,
+            format!("status of `{name}`: the holder kept changing between two reads; try again"),
+            "busy lock",
         ))
     }
 
