@@ -67,7 +67,7 @@ async fn contend(backends: Vec<Arc<dyn LockBackend>>) -> (Vec<Duration>, Duratio
 
 /// etcd: one client puts, another is told by its watch.
 async fn etcd_notify(servers: &Servers) -> Duration {
-    let endpoints = servers.etcd.endpoints();
+    let endpoints = servers.etcd_endpoint();
     let mut writer = etcd_client::Client::connect(&endpoints, None)
         .await
         .unwrap();
@@ -99,7 +99,7 @@ async fn etcd_notify(servers: &Servers) -> Duration {
 
 /// ZooKeeper: one client creates, another is told by its exists-watch.
 async fn zk_notify(servers: &Servers) -> Duration {
-    let connect = servers.zk.connect_string();
+    let connect = servers.zk_connect();
     let writer = zookeeper_client::Client::connect(&connect).await.unwrap();
     let watcher = zookeeper_client::Client::connect(&connect).await.unwrap();
     let base = Servers::base();

@@ -13,6 +13,11 @@ mod servers;
 mod stats;
 
 use servers::Servers;
+use stats_alloc::{StatsAlloc, INSTRUMENTED_SYSTEM};
+
+/// Counts heap bytes, for the memory per held lock.
+#[global_allocator]
+static ALLOCATOR: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
 
 #[tokio::main]
 async fn main() {

@@ -25,15 +25,43 @@ impl Servers {
         format!("{backend} x{}", self.size)
     }
 
+    /// Every client of the benchmark talks to member 0, so that on a cluster the path to the
+    /// leader (direct or forwarded) is the same for fencelock, the raw requests and the peers.
+    pub fn etcd_endpoint(&self) -> Vec<String> {
+        self.etcd.endpoints().into_iter().take(1).collect()
+    }
+
+    /// Member 0's address (see [`Self::etcd_endpoint`]).
+    pub fn zk_connect(&self) -> String {
+        let all = self.zk.connect_string();
+        all.split(',').next().unwrap_or_default().to_owned()
+    }
+
+    /// What member 0 is in each cluster, for the table headings.
+    pub fn member0(&self) -> String {
+        if self.size == 1 {
+            return "single node".into();
+        }
+        let etcd = if self.etcd.leader() == Some(0) {
+            "leader"
+        } else {
+            "follower"
+        };
+        format!(
+            "3 nodes; all clients on member 0: etcd {etcd}, zookeeper {}",
+            self.zk.mode(0)
+        )
+    }
+
     pub async fn etcd_backend(&self, prefix: &str) -> EtcdBackend {
-        let config = EtcdConfig::new(self.etcd.endpoints())
+        let config = EtcdConfig::new(self.etcd_endpoint())
             .prefix(prefix)
             .ttl(Duration::from_secs(10));
         EtcdBackend::connect(config).await.unwrap()
     }
 
     pub async fn zk_backend(&self, base: &str) -> ZkBackend {
-        let config = ZkConfig::new(self.zk.connect_string())
+        let config = ZkConfig::new(self.zk_connect())
             .base_path(base)
             .session_timeout(Duration::from_secs(10));
         ZkBackend::connect(config).await.unwrap()

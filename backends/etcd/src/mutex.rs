@@ -7,10 +7,12 @@
 //! Else Get(P N / lease)
 //! ```
 //! The token is the Txn's header revision, which is our key's create revision. We own the lock
-//! when the owner Range returns our key. Otherwise we wait for the key created just before ours
-//! (`Range(P N /, sort CREATE DESCEND, limit 1, max_create_revision = token - 1)`) to be
-//! deleted, with one watch on that one key, repeat until no older key is left, and confirm with
-//! one Txn that our key still exists (`create_revision == token`) while reading the checkpoint.
+//! when the owner Range returns our key. Otherwise, in one Txn, we confirm our key still exists
+//! (`create_revision == token`), look for the key created just before ours
+//! (`Range(P N /, sort CREATE DESCEND, limit 1, max_create_revision = token - 1)`) and read the
+//! checkpoint; we wait for that key to be deleted, with one watch on that one key (from "now",
+//! plus one Get of the key to catch a delete that came first), and repeat until the Txn finds no
+//! older key: that Txn is the grant.
 //!
 //! The Else branch means a key of this session from an earlier acquisition is still there
 //! (a release that failed). Go would reuse it, but its revision is an old token, so we delete it
@@ -22,7 +24,7 @@ use std::time::Duration;
 
 use etcd_client::{
     Client, Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn,
-    TxnOp, TxnOpResponse, TxnResponse, WatchOptions,
+    TxnOp, TxnOpResponse, TxnResponse,
 };
 use fencelock::{LockName, Result, StateKey};
 
@@ -91,7 +93,12 @@ pub(crate) async fn enqueue(
 }
 
 /// Waits until every key created before ours under the lock's prefix is gone, watching only the
-/// one just before ours each time; then confirms our key is still there and reads the checkpoint.
+/// one just before ours each time; returns the checkpoint.
+///
+/// Each pass is one Txn that both confirms our key (Go added that check after Jepsen,
+/// etcd#11456: an expired session's key is gone) and looks for the key just before ours, and
+/// reads the checkpoint: when no older key is left, that one request is the grant. Go spends two
+/// (a Range, then a Get of its key) after every predecessor's delete.
 pub(crate) async fn wait_for_turn(
     client: &Client,
     keys: &Keys,
@@ -106,32 +113,46 @@ pub(crate) async fn wait_for_turn(
         .with_sort(SortTarget::Create, SortOrder::Descend)
         .with_limit(1)
         .with_max_create_revision(queued.token - 1);
-    // Each pass waits out one predecessor; a failed watch is retried after a pause, and the
+    let checkpoint = keys.state_key(name, &StateKey::checkpoint());
+    // Each pass waits out one predecessor; a failed request is retried after a pause, and the
     // session's end (at most one TTL after the cluster stops answering) ends the loop.
     loop {
         if !session.is_live() {
             return Err(lost_error(name));
         }
-        let range = call("look for older contenders", limit, {
-            let (mut client, prefix, older) = (client.clone(), prefix.clone(), older.clone());
-            async move { client.get(prefix, Some(older)).await }
-        })
-        .await;
-        let range = match range {
-            Ok(range) => range,
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                queued.key.as_str(),
+                CompareOp::Equal,
+                queued.token,
+            )])
+            .and_then([
+                TxnOp::get(prefix.as_str(), Some(older.clone())),
+                TxnOp::get(checkpoint.as_str(), None),
+            ]);
+        let resp = match txn_call("look for older contenders", client, txn, limit).await {
+            Ok(resp) => resp,
             Err(e) => {
-                tracing::warn!(lock = %name, error = %e, "etcd: range failed while waiting; retrying");
+                tracing::warn!(lock = %name, error = %e, "etcd: looking for older contenders failed; retrying");
                 pause_or_lost(session, name).await?;
                 continue;
             }
         };
-        let Some(predecessor) = range.kvs().first() else {
-            break;
+        if !resp.succeeded() {
+            return Err(lost_error(name));
+        }
+        let predecessor = match resp.op_responses().into_iter().next() {
+            Some(TxnOpResponse::Get(range)) => range
+                .kvs()
+                .first()
+                .map(|kv| (kv.key().to_vec(), kv.create_revision())),
+            _ => None,
         };
-        let revision = range.header().map_or(0, |h| h.revision());
-        let predecessor = predecessor.key().to_vec();
+        let Some((key, created)) = predecessor else {
+            return Ok(first_kv(&resp, 1).map(|(_, value)| value));
+        };
         tokio::select! {
-            watched = watch_delete(client, predecessor, revision) => {
+            watched = watch_delete(client, key, created) => {
                 if let Err(e) = watched {
                     tracing::warn!(lock = %name, error = %e, "etcd: watch failed while waiting; retrying");
                     pause_or_lost(session, name).await?;
@@ -140,22 +161,6 @@ pub(crate) async fn wait_for_turn(
             () = session.clock.lost_token().cancelled() => return Err(lost_error(name)),
         }
     }
-    // Go added this check after Jepsen (etcd#11456): an expired session's key is gone.
-    let txn = Txn::new()
-        .when([Compare::create_revision(
-            queued.key.as_str(),
-            CompareOp::Equal,
-            queued.token,
-        )])
-        .and_then([TxnOp::get(
-            keys.state_key(name, &StateKey::checkpoint()),
-            None,
-        )]);
-    let resp = txn_call("confirm the lock after waiting", client, txn, limit).await?;
-    if !resp.succeeded() {
-        return Err(lost_error(name));
-    }
-    Ok(first_kv(&resp, 0).map(|(_, value)| value))
 }
 
 async fn pause_or_lost(session: &Session, name: &LockName) -> Result<()> {
@@ -165,41 +170,40 @@ async fn pause_or_lost(session: &Session, name: &LockName) -> Result<()> {
     }
 }
 
-/// Resolves when `key`, which a Range saw alive at `revision`, is deleted, or when the watch
-/// cannot tell (the revision was compacted, the watch was cancelled): the caller then looks
-/// again.
+/// Resolves when the incarnation of `key` created at `created` is deleted, or when the watch
+/// cannot tell (it was cancelled): the caller then looks again.
 ///
-/// The watch starts at `revision + 1`, not at `revision` as Go's `waitDelete` does: etcd serves a
-/// watch that starts at or before its current revision from a background pass every 100 ms
-/// ("unsynced"), which the benchmark showed as 100 ms handoffs. If the store moved on between
-/// the Range and the watch's creation, the watch is unsynced anyway, so the key is looked up
-/// once: a delete in that gap is seen at once instead of at the next pass.
+/// Go's `waitDelete` watches from the Range's revision. etcd serves a watch that starts at or
+/// before its current revision from a background pass every 100 ms ("unsynced"), and under
+/// contention the store has nearly always moved on by then: the benchmark showed handoffs of
+/// 100 ms. So we watch from "now", which etcd serves at once, and then look the key up once to
+/// cover a delete that landed before the watch existed. The lookup compares the create revision,
+/// not mere existence: the key is named after its owner's lease, so a predecessor that released
+/// and queued again has a key of the same name, and taking that for the old one would make us
+/// wait for a contender queued behind us.
 async fn watch_delete(
     client: &Client,
     key: Vec<u8>,
-    revision: i64,
+    created: i64,
 ) -> Result<(), etcd_client::Error> {
     let mut client = client.clone();
-    let mut stream = client
-        .watch(
-            key.clone(),
-            Some(WatchOptions::new().with_start_revision(revision + 1)),
-        )
-        .await?;
+    let mut stream = client.watch(key.clone(), None).await?;
     // Ends on a delete, a cancellation, or the stream's end.
     while let Some(resp) = stream.message().await? {
-        if resp.created() && resp.header().is_some_and(|h| h.revision() > revision) {
-            let now = client
-                .get(key.clone(), Some(GetOptions::new().with_count_only()))
-                .await?;
-            if now.count() == 0 {
+        if resp.created() {
+            // The watch now sees every later write; anything earlier, the lookup sees.
+            let now = client.get(key.clone(), None).await?;
+            if now
+                .kvs()
+                .first()
+                .is_none_or(|kv| kv.create_revision() != created)
+            {
                 return Ok(());
             }
         }
-        if resp.canceled() || resp.compact_revision() != 0 {
+        if resp.canceled() {
             tracing::debug!(
                 reason = resp.cancel_reason(),
-                compact = resp.compact_revision(),
                 "etcd: watch cancelled; looking again"
             );
             return Ok(());
@@ -267,8 +271,9 @@ pub(crate) async fn txn_call(
     txn: Txn,
     limit: Duration,
 ) -> Result<TxnResponse> {
-    let mut client = client.clone();
-    call(what, limit, async move { client.txn(txn).await }).await
+    // The KV client alone: a whole `Client` is eight gRPC clients to clone and drop.
+    let mut kv = client.kv_client();
+    call(what, limit, async move { kv.txn(txn).await }).await
 }
 
 fn first_created() -> GetOptions {
@@ -294,4 +299,37 @@ pub(crate) fn unix_millis() -> u128 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use std::time::Duration;
+
+    use fencelock_testsupport::{unique, EtcdCluster};
+
+    use super::*;
+
+    /// A predecessor that released and queued again before our watch existed has a key of the
+    /// same name: the old incarnation is gone and the wait must end, not last until the new one
+    /// (queued behind us) leaves.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_requeued_predecessor_counts_as_gone() {
+        let cluster = EtcdCluster::start(1);
+        let mut client = Client::connect(cluster.endpoints(), None).await.unwrap();
+        let key = format!("{}/job/694d", unique("wd"));
+        let old = client.put(key.as_str(), "", None).await.unwrap();
+        let created = old.header().unwrap().revision();
+        client.delete(key.as_str(), None).await.unwrap();
+        client.put(key.as_str(), "", None).await.unwrap();
+        let waited = tokio::time::timeout(
+            Duration::from_secs(5),
+            watch_delete(&client, key.into_bytes(), created),
+        )
+        .await;
+        assert!(
+            matches!(waited, Ok(Ok(()))),
+            "the wait took the requeued key for the old one: {waited:?}"
+        );
+    }
 }

@@ -92,11 +92,12 @@ async fn a_waiter_watches_only_its_predecessor() {
     }
     let all = delta(&before, &counts(&cluster));
     eprintln!("3 waiters queueing: {queued:?}\n3 handoffs in all (incl. 4 releases): {all:?}");
-    // Queueing: per waiter one Txn, one Range for its predecessor, one watch request.
-    assert_eq!(queued.get("Txn"), Some(&3));
+    // Queueing: per waiter the enqueue Txn, one Txn that confirms its key and finds its
+    // predecessor, one watch request and one Get of the predecessor once the watch exists.
+    assert_eq!(queued.get("Txn"), Some(&6));
     assert_eq!(queued.get("Range"), Some(&3));
-    // Each handoff: the waiter's second Range and confirming Txn; plus 4 release Txns. No herd:
-    // a release wakes one watcher, so the Range count grows by one per handoff.
-    assert_eq!(all.get("Range"), Some(&6));
-    assert_eq!(all.get("Txn"), Some(&(3 + 3 + 4)));
+    // Each handoff: one Txn by the woken waiter, which finds no older key and is the grant; plus 4
+    // release Txns. No herd: a release wakes one watcher, so no other request is made.
+    assert_eq!(all.get("Range"), Some(&3));
+    assert_eq!(all.get("Txn"), Some(&(6 + 3 + 4)));
 }
