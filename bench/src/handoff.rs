@@ -182,7 +182,7 @@ pub async fn run(servers: &Servers) -> Vec<Point> {
             let per = |a: u64, b: u64| (a - b) as f64 / handoffs;
             let requests = if backend == "etcd" {
                 format!(
-                    "{:.1} watch, {:.1} range, {:.1} txn",
+                    "{:.1} watch registrations, {:.1} range, {:.1} txn",
                     per(after.0, before.0),
                     per(after.1, before.1),
                     per(after.2, before.2)

@@ -10,9 +10,9 @@
 //! when the owner Range returns our key. Otherwise, in one Txn, we confirm our key still exists
 //! (`create_revision == token`), look for the key created just before ours
 //! (`Range(P N /, sort CREATE DESCEND, limit 1, max_create_revision = token - 1)`) and read the
-//! checkpoint; we wait for that key to be deleted, with one watch on that one key (from "now",
-//! plus one Get of the key to catch a delete that came first), and repeat until the Txn finds no
-//! older key: that Txn is the grant.
+//! checkpoint; we wait for that key to be deleted, with one watch stream on that one key (from
+//! "now", registered twice; see [`watch_delete`]) plus one Get of the key to catch a delete that
+//! came first, and repeat until the Txn finds no older key: that Txn is the grant.
 //!
 //! The Else branch means a key of this session from an earlier acquisition is still there
 //! (a release that failed). Go would reuse it, but its revision is an old token, so we delete it
@@ -173,14 +173,20 @@ async fn pause_or_lost(session: &Session, name: &LockName) -> Result<()> {
 /// Resolves when the incarnation of `key` created at `created` is deleted, or when the watch
 /// cannot tell (it was cancelled): the caller then looks again.
 ///
-/// Go's `waitDelete` watches from the Range's revision. etcd serves a watch that starts at or
-/// before its current revision from a background pass every 100 ms ("unsynced"), and under
-/// contention the store has nearly always moved on by then: the benchmark showed handoffs of
-/// 100 ms. So we watch from "now", which etcd serves at once, and then look the key up once to
-/// cover a delete that landed before the watch existed. The lookup compares the create revision,
-/// not mere existence: the key is named after its owner's lease, so a predecessor that released
-/// and queued again has a key of the same name, and taking that for the old one would make us
-/// wait for a contender queued behind us.
+/// etcd serves a watch that starts at or before its current revision from a background pass
+/// every 100 ms ("unsynced"); only a watch that starts after it gets events at once. Go's
+/// `waitDelete` watches from the Range's revision, which under contention is nearly always
+/// behind by then: the benchmark showed handoffs of 100 ms. So:
+/// - we watch from "now", and look the key up once the watch exists, to cover a delete that
+///   landed before it. The lookup compares the create revision, not mere existence: the key is
+///   named after its owner's lease, so a predecessor that released and queued again has a key of
+///   the same name, and taking that for the old one would make us wait for a contender queued
+///   behind us.
+/// - we register the same watch twice on one stream. etcd 3.4 reads "now" before it takes the
+///   store's lock to register a watch; a write that holds the lock in between makes that watch
+///   unsynced after all (seen in the benchmark as the slowest 2% of handoffs: events arriving
+///   together up to 100 ms late, always with the lookup's revision above the created one). The
+///   server handles the second request right after the first, so both are rarely unlucky.
 async fn watch_delete(
     client: &Client,
     key: Vec<u8>,
@@ -188,10 +194,15 @@ async fn watch_delete(
 ) -> Result<(), etcd_client::Error> {
     let mut client = client.clone();
     let mut stream = client.watch(key.clone(), None).await?;
+    stream.watch(key.clone(), None).await?;
+    let mut registered = 0;
     // Ends on a delete, a cancellation, or the stream's end.
     while let Some(resp) = stream.message().await? {
         if resp.created() {
-            // The watch now sees every later write; anything earlier, the lookup sees.
+            registered += 1;
+        }
+        if resp.created() && registered == 2 {
+            // The watches now see every later write; anything earlier, the lookup sees.
             let now = client.get(key.clone(), None).await?;
             if now
                 .kvs()

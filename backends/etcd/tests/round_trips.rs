@@ -93,11 +93,14 @@ async fn a_waiter_watches_only_its_predecessor() {
     let all = delta(&before, &counts(&cluster));
     eprintln!("3 waiters queueing: {queued:?}\n3 handoffs in all (incl. 4 releases): {all:?}");
     // Queueing: per waiter the enqueue Txn, one Txn that confirms its key and finds its
-    // predecessor, one watch request and one Get of the predecessor once the watch exists.
+    // predecessor, one watch stream carrying two registrations of the predecessor's key (see
+    // `watch_delete`), and one Get of that key once the watches exist.
     assert_eq!(queued.get("Txn"), Some(&6));
     assert_eq!(queued.get("Range"), Some(&3));
+    assert_eq!(queued.get("Watch"), Some(&6));
     // Each handoff: one Txn by the woken waiter, which finds no older key and is the grant; plus 4
     // release Txns. No herd: a release wakes one watcher, so no other request is made.
     assert_eq!(all.get("Range"), Some(&3));
+    assert_eq!(all.get("Watch"), Some(&6));
     assert_eq!(all.get("Txn"), Some(&(6 + 3 + 4)));
 }
