@@ -270,6 +270,16 @@ impl EtcdCluster {
             .sum()
     }
 
+    /// The value of the plain (label-free) metric `name` on member `i`, from its `/metrics`
+    /// (for example `etcd_debugging_mvcc_events_total`, the watch events it has sent); 0 if absent.
+    pub fn metric(&self, i: usize, name: &str) -> f64 {
+        let port = self.members[i].client_port;
+        crate::process::http_get(port, "/metrics")
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or(0.0)
+    }
+
     /// The last lines of every member's log, for panic messages.
     pub fn logs(&self) -> String {
         self.members
