@@ -141,12 +141,19 @@ pub(crate) async fn wait_for_turn(
         if !resp.succeeded() {
             return Err(lost_error(name));
         }
+        // Fail closed: only a Range that came back empty means no older contender.
         let predecessor = match resp.op_responses().into_iter().next() {
             Some(TxnOpResponse::Get(range)) => range
                 .kvs()
                 .first()
                 .map(|kv| (kv.key().to_vec(), kv.create_revision())),
-            _ => None,
+            other => {
+                return Err(fencelock::Error::backend(
+                    crate::KIND,
+                    "look for older contenders",
+                    format!("unexpected reply {other:?}"),
+                ))
+            }
         };
         let Some((key, created)) = predecessor else {
             return Ok(first_kv(&resp, 1).map(|(_, value)| value));
