@@ -11,7 +11,7 @@ use std::pin::Pin;
 use std::time::{Duration, Instant};
 
 use etcd_client::{Compare, CompareOp, LockOptions, PutOptions, Txn, TxnOp};
-use fencelock::LockBackendExt;
+use fencelock::{LockBackend, LockBackendExt};
 use zookeeper_client::{Acls, CreateMode, LockOptions as ZkLockOptions, LockPrefix};
 
 use crate::servers::Servers;
@@ -21,6 +21,16 @@ const WARMUP: usize = 300;
 const ROUNDS: usize = 500;
 
 type Op<'a> = Box<dyn FnMut() -> Pin<Box<dyn Future<Output = ()> + 'a>> + 'a>;
+
+/// One acquire + release on `backend`.
+fn fencelock_op(backend: &dyn LockBackend) -> Op<'_> {
+    Box::new(move || {
+        Box::pin(async move {
+            let guard = backend.lock("lat").await.unwrap();
+            let _ = guard.release().await.unwrap();
+        })
+    })
+}
 
 /// p50 and p99 of each op, run round-robin.
 async fn interleaved(mut ops: Vec<Op<'_>>) -> Vec<(Duration, Duration)> {
@@ -73,12 +83,7 @@ async fn etcd(servers: &Servers) {
     let lease = client.clone().lease_grant(60, None).await.unwrap().id();
     let raw_key = format!("{prefix}raw/{lease:x}");
     let peer_name = format!("{prefix}peer");
-    let ours: Op = Box::new(|| {
-        Box::pin(async {
-            let guard = backend.lock("lat").await.unwrap();
-            let _ = guard.release().await.unwrap();
-        })
-    });
+    let ours = fencelock_op(&backend);
     let raw: Op = Box::new(|| {
         let (mut client, key) = (client.clone(), raw_key.clone());
         Box::pin(async move {
@@ -133,12 +138,7 @@ async fn zookeeper(servers: &Servers) {
         .await
         .unwrap();
     let peer_dir = format!("{base}/peer");
-    let ours: Op = Box::new(|| {
-        Box::pin(async {
-            let guard = backend.lock("lat").await.unwrap();
-            let _ = guard.release().await.unwrap();
-        })
-    });
+    let ours = fencelock_op(&backend);
     let raw: Op = Box::new(|| {
         let (zk, dir) = (&zk, dir.clone());
         Box::pin(async move {
