@@ -130,7 +130,8 @@ impl EtcdBackend {
         if let Some(live) = slot.as_ref().filter(|s| s.is_live()) {
             return Ok(Arc::clone(live));
         }
-        let session = Session::grant(&self.client, &self.config).await?;
+        // Boxed: opening a session is rare, and its state would enlarge every acquire future.
+        let session = Box::pin(Session::grant(&self.client, &self.config)).await?;
         *slot = Some(Arc::clone(&session));
         Ok(session)
     }
@@ -153,8 +154,10 @@ impl EtcdBackend {
         let limit = self.config.request_timeout;
         let mut pending = Pending {
             enqueue: Some(tokio::spawn({
+                // Handles, not clones: a `Client` by value would make every acquire future
+                // (and this task) kilobytes larger, and moving them costs on the hot path.
                 let (client, keys, name, session) = (
-                    Client::clone(&self.client),
+                    Arc::clone(&self.client),
                     self.keys.clone(),
                     name.clone(),
                     Arc::clone(&session),
@@ -165,7 +168,7 @@ impl EtcdBackend {
             lease: session.lease,
             session: Arc::clone(&session),
             name: name.clone(),
-            client: Client::clone(&self.client),
+            client: Arc::clone(&self.client),
             limit,
             turn: Some(turn),
         };
@@ -175,7 +178,17 @@ impl EtcdBackend {
         } else if try_once {
             return Err(would_block(name)); // `pending` deletes our key
         } else {
-            mutex::wait_for_turn(&self.client, &self.keys, name, &queued, &session, limit).await?
+            // Boxed: its state (a watch stream among it) would otherwise make the future of
+            // every acquire, contended or not, larger.
+            Box::pin(mutex::wait_for_turn(
+                &self.client,
+                &self.keys,
+                name,
+                &queued,
+                &session,
+                limit,
+            ))
+            .await?
         };
         let turn = pending.disarm()?;
         tracing::info!(lock = %name, token = queued.token, key = %queued.key, "etcd: acquired");
@@ -279,7 +292,7 @@ struct Pending {
     lease: i64,
     session: Arc<Session>,
     name: LockName,
-    client: Client,
+    client: Arc<Client>,
     limit: Duration,
     turn: Option<OwnedMutexGuard<()>>,
 }
@@ -309,7 +322,7 @@ impl Drop for Pending {
         let Some(key) = self.key.take() else { return };
         let withdrawal = self.session.withdrawals.begin(&self.name);
         let (enqueue, turn) = (self.enqueue.take(), self.turn.take());
-        let (client, lease, limit) = (Client::clone(&self.client), self.lease, self.limit);
+        let (client, lease, limit) = (Arc::clone(&self.client), self.lease, self.limit);
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(%key, "etcd: acquire dropped outside a runtime; its key ends with the lease");
             return;
@@ -360,5 +373,17 @@ mod tests {
         });
         let guard = backend.acquire(&name, Wait::Try).await.unwrap();
         drop(guard);
+    }
+
+    /// Every acquire's future is boxed (async-trait) and moved; at 15 KB (a `Client` by value,
+    /// the contended path and the session grant inline) that copy showed in profiles.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_acquire_future_stays_small() {
+        let cluster = EtcdCluster::start(1);
+        let config = EtcdConfig::new(cluster.endpoints()).prefix(format!("{}/", unique("s")));
+        let backend = EtcdBackend::connect(config).await.unwrap();
+        let name = LockName::new("job").unwrap();
+        let size = std::mem::size_of_val(&backend.acquire_once(&name, false));
+        assert!(size <= 2048, "the acquire future is {size} bytes");
     }
 }

@@ -199,8 +199,8 @@ async fn watch_delete(
     key: Vec<u8>,
     created: i64,
 ) -> Result<(), etcd_client::Error> {
-    let mut client = client.clone();
-    let mut stream = client.watch(key.clone(), None).await?;
+    let (mut watches, mut kv) = (client.watch_client(), client.kv_client());
+    let mut stream = watches.watch(key.clone(), None).await?;
     stream.watch(key.clone(), None).await?;
     let mut registered = 0;
     // Ends on a delete, a cancellation, or the stream's end.
@@ -210,7 +210,7 @@ async fn watch_delete(
         }
         if resp.created() && registered == 2 {
             // The watches now see every later write; anything earlier, the lookup sees.
-            let now = client.get(key.clone(), None).await?;
+            let now = kv.get(key.clone(), None).await?;
             if now
                 .kvs()
                 .first()

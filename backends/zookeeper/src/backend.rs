@@ -99,7 +99,8 @@ impl ZkBackend {
         if let Some(live) = slot.as_ref().filter(|s| s.is_live()) {
             return Ok(Arc::clone(live));
         }
-        let session = ZkSession::connect(&self.config).await?;
+        // Boxed: connecting is rare, and its state would enlarge every acquire future.
+        let session = Box::pin(ZkSession::connect(&self.config)).await?;
         *slot = Some(Arc::clone(&session));
         Ok(session)
     }
@@ -331,5 +332,19 @@ mod tests {
         });
         let guard = backend.acquire(&name, Wait::Try).await.unwrap();
         drop(guard);
+    }
+
+    /// Every acquire's future is boxed (async-trait) and moved on every call: keep it small.
+    #[test]
+    fn the_acquire_future_stays_small() {
+        let backend = ZkBackend {
+            config: ZkConfig::new("127.0.0.1:1"),
+            paths: Paths::new("/x"),
+            acls: Acls::anyone_all(),
+            session: AsyncMutex::new(None),
+        };
+        let name = LockName::new("job").unwrap();
+        let size = std::mem::size_of_val(&backend.acquire_once(&name, false));
+        assert!(size <= 2048, "the acquire future is {size} bytes");
     }
 }
