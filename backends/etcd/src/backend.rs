@@ -355,13 +355,18 @@ mod tests {
 
     use super::*;
 
+    async fn single_node_backend() -> (EtcdCluster, EtcdBackend) {
+        let cluster = EtcdCluster::start(1);
+        let config = EtcdConfig::new(cluster.endpoints()).prefix(format!("{}/", unique("b")));
+        let backend = EtcdBackend::connect(config).await.unwrap();
+        (cluster, backend)
+    }
+
     /// The state a cancelled acquire leaves for a moment: its withdrawal still holds this
     /// session's turn on the name. A try must wait for it, not report "held by another".
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn try_waits_for_our_own_withdrawal() {
-        let cluster = EtcdCluster::start(1);
-        let config = EtcdConfig::new(cluster.endpoints()).prefix(format!("{}/", unique("w")));
-        let backend = EtcdBackend::connect(config).await.unwrap();
+        let (_cluster, backend) = single_node_backend().await;
         let name = LockName::new("job").unwrap();
         let session = backend.session().await.unwrap();
         let turn = session.local_queue(&name).lock_owned().await;
@@ -379,9 +384,7 @@ mod tests {
     /// the contended path and the session grant inline) that copy showed in profiles.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn the_acquire_future_stays_small() {
-        let cluster = EtcdCluster::start(1);
-        let config = EtcdConfig::new(cluster.endpoints()).prefix(format!("{}/", unique("s")));
-        let backend = EtcdBackend::connect(config).await.unwrap();
+        let (_cluster, backend) = single_node_backend().await;
         let name = LockName::new("job").unwrap();
         let size = std::mem::size_of_val(&backend.acquire_once(&name, false));
         assert!(size <= 2048, "the acquire future is {size} bytes");
