@@ -29,8 +29,8 @@ use crate::{call, EtcdConfig, KIND};
 /// Round trips: an uncontended acquire with a live session is one Txn (the first acquire of a
 /// session adds one lease grant); a contended acquire adds, per predecessor, one Txn that finds
 /// it (and confirms our key), one Watch stream on its key (two registrations, see the mutex
-/// module) and one Get of that key once the watch exists, then one last such Txn, which finds no older key and is the grant; release is one
-/// Txn; each fenced operation is one Txn.
+/// module) and one Get of that key once the watch exists, then one last such Txn, which finds
+/// no older key and is the grant; release is one Txn; each fenced operation is one Txn.
 pub struct EtcdBackend {
     /// Shared: the client is 3.5 KB by value, and every held lock keeps a handle.
     client: Arc<Client>,

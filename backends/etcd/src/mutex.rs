@@ -207,16 +207,16 @@ async fn watch_delete(
     while let Some(resp) = stream.message().await? {
         if resp.created() {
             registered += 1;
-        }
-        if resp.created() && registered == 2 {
-            // The watches now see every later write; anything earlier, the lookup sees.
-            let now = kv.get(key.clone(), None).await?;
-            if now
-                .kvs()
-                .first()
-                .is_none_or(|kv| kv.create_revision() != created)
-            {
-                return Ok(());
+            // Both watches now see every later write; anything earlier, the lookup sees.
+            if registered == 2 {
+                let now = kv.get(key.clone(), None).await?;
+                if now
+                    .kvs()
+                    .first()
+                    .is_none_or(|kv| kv.create_revision() != created)
+                {
+                    return Ok(());
+                }
             }
         }
         if resp.canceled() {
