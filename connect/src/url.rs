@@ -25,6 +25,8 @@ fn bad(reason: impl Into<String>) -> Error {
 
 struct Parts<'a> {
     scheme: &'a str,
+    // Only network URLs use it; the memory-only build (the demo) has none.
+    #[cfg_attr(not(any(feature = "etcd", feature = "zookeeper")), allow(dead_code))]
     user: Option<(String, String)>,
     hosts: Vec<&'a str>,
     path: &'a str,
@@ -73,6 +75,8 @@ fn split(url: &str) -> Result<Parts<'_>> {
     })
 }
 
+// Only network URLs use it; the memory-only build (the demo) has none.
+#[cfg_attr(not(any(feature = "etcd", feature = "zookeeper")), allow(dead_code))]
 fn check_hosts(hosts: &[&str], default_port: &str) -> Result<Vec<String>> {
     if hosts.is_empty() {
         return Err(bad(
@@ -128,6 +132,8 @@ fn duration(key: &str, value: &str) -> Result<Duration> {
     Ok(Duration::from_millis(number.saturating_mul(unit_ms)))
 }
 
+// Only network URLs use it; the memory-only build (the demo) has none.
+#[cfg_attr(not(any(feature = "etcd", feature = "zookeeper")), allow(dead_code))]
 fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }

@@ -226,13 +226,16 @@ impl EtcdCluster {
 
     /// Runs `etcdctl` (API v3) against the live members; stdout on success.
     pub fn etcdctl(&self, args: &[&str]) -> Result<String, String> {
-        let live: Vec<String> = self
-            .endpoints()
-            .into_iter()
-            .zip(&self.members)
-            .filter(|(_, m)| m.server.child.is_some())
-            .map(|(e, _)| e)
-            .collect();
+        let live: Vec<String> = match &self.external {
+            Some(external) => external.clone(),
+            None => self
+                .endpoints()
+                .into_iter()
+                .zip(&self.members)
+                .filter(|(_, m)| m.server.child.is_some())
+                .map(|(e, _)| e)
+                .collect(),
+        };
         let mut cmd = Command::new("etcdctl");
         cmd.env("ETCDCTL_API", "3")
             .arg(format!("--endpoints={}", live.join(",")));
