@@ -79,23 +79,34 @@ pub enum ReleaseOutcome {
 /// ```
 ///
 /// # Contract
-/// An implementation of [`acquire`](LockBackend::acquire) must:
+/// An implementation of [`acquire`](LockBackend::acquire) must (the [`raw`](crate::raw)
+/// module has the shared pieces named here; the conformance suite, `fencelock::testkit`
+/// (feature `testkit`), checks each point):
 /// 1. grant a lock to at most one live [`LockGuard`] at a time, across all processes and
 ///    all instances sharing the store, **and within one instance** (a second acquire of a name the
 ///    instance already holds waits like any other contender; it never gets a second guard);
 /// 2. give each grant a token strictly greater than every earlier grant's token of that name;
 /// 3. keep the grant on a lease that the store expires on its own if the holder stops renewing,
-///    renew it from the holder at TTL/3, and feed a [`LeaseClock`](crate::LeaseClock) with each
-///    renewal's *send* time so that the guard's `lost` fires before the store can expire it;
-///    when renewal is refused or the session ends, call [`LeaseClock::lose`](crate::LeaseClock::lose);
+///    and renew it with [`raw::keep_renewed`](crate::raw::keep_renewed), which renews at TTL/3
+///    and feeds the session's [`raw::LeaseClock`](crate::raw::LeaseClock) with each renewal's
+///    *send* time, so that the guard's `lost` fires before the store can expire it; keep one
+///    session per instance in a [`raw::SessionSlot`](crate::raw::SessionSlot);
 /// 4. honour [`Wait`]: `Try` makes one attempt and fails with [`Error::WouldBlock`]; `Timeout`
 ///    fails with [`Error::Timeout`] ([`Wait::limit`] does this); waiters are granted in arrival
 ///    order and each waits only for its predecessor;
-/// 5. be cancel-safe: if the acquire future is dropped at any await point, whatever it wrote to
-///    the store is removed (in the background if need be), so no later contender is blocked;
+/// 5. be cancel-safe: if the acquire future is dropped at any await point, or its request
+///    fails, whatever it wrote to the store is removed: run the first request in a
+///    [`raw::Enqueued`](crate::raw::Enqueued), which withdraws it after it has landed and
+///    counts the withdrawal in the session's [`raw::Withdrawals`](crate::raw::Withdrawals); a
+///    new acquire of the same name by the same instance first waits for those
+///    ([`Withdrawals::settled`](crate::raw::Withdrawals::settled)), or a try right after a
+///    cancelled acquire would find its own leftover;
 /// 6. hand the guard the checkpoint stored under [`StateKey::checkpoint`] at grant time;
-/// 7. implement [`HeldLock`] for the guard's store half, with every operation checked *by the
-///    store* against the grant (a compare on the token, never a blind write or delete).
+/// 7. build the guard with [`raw::Grant`](crate::raw::Grant), and implement
+///    [`raw::HeldLock`](crate::raw::HeldLock) for its store half, with every operation checked
+///    *by the store* against the grant (a compare on the token, never a blind write or delete);
+///    a lock that vanishes while its session lives (deleted behind its back) fires its own
+///    `lost` through [`Grant::into_guard_with_trigger`](crate::raw::Grant::into_guard_with_trigger).
 #[async_trait]
 pub trait LockBackend: Send + Sync + fmt::Debug {
     /// A short name of the backend kind for errors and logs: `"etcd"`, `"zookeeper"`, `"memory"`.
@@ -183,6 +194,12 @@ impl LockStatus {
 /// Every method is checked at the store against the grant (etcd: a Txn comparing the lock key's
 /// create revision; ZooKeeper: a multi with a check on the lock node). When the store says the
 /// grant is gone, return [`Error::NotHeld`]; the guard then fires `lost`.
+///
+/// # Cancel safety
+/// The guard may drop any of these futures at an await point (its caller was cancelled). A
+/// dropped [`release`](HeldLock::release) makes the guard call
+/// [`release_in_background`](HeldLock::release_in_background), so `release` needs no undo of
+/// its own; a dropped state operation may or may not have happened, as the guard documents.
 #[async_trait]
 pub trait HeldLock: Send + Sync + fmt::Debug {
     /// Deletes the grant if, and only if, it is still ours.
@@ -210,11 +227,15 @@ pub trait HeldLock: Send + Sync + fmt::Debug {
     async fn delete_state(&self, key: &StateKey) -> Result<bool>;
 
     /// Releases without waiting, because the guard was dropped. Needs no caller runtime
-    /// context beyond what the backend kept; must not block.
+    /// context beyond what the backend kept; must not block. A release that fails should go on
+    /// while the session lives ([`raw::keep_retrying`](crate::raw::keep_retrying)): an entry left
+    /// behind blocks every other contender.
     fn release_in_background(self: Box<Self>);
 }
 
 /// Convenience methods on every backend, taking `&str` names.
+///
+/// Implemented for every [`LockBackend`]; do not implement it yourself.
 #[async_trait]
 pub trait LockBackendExt: LockBackend {
     /// Waits for the lock `name`.

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use crate::FencingToken;
+use crate::{FencingToken, LockName};
 
 /// A boxed error from a backend's client library, kept as the [`Error::Backend`] source.
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
@@ -101,30 +101,146 @@ pub enum Error {
         what: &'static str,
     },
 
-    /// The backend's store or client library failed.
-    #[error("{backend} backend: {context}: {source}")]
+    /// The backend's store or client library failed. [`kind`](StoreFailure) says what the
+    /// caller can do about it; [`Error::is_retryable`] is the short answer.
+    #[error("{backend} backend ({kind}): {context}{}", suffix(.source.as_ref()))]
     Backend {
         /// Which backend (`"etcd"`, `"zookeeper"`, `"memory"`, ...).
         backend: &'static str,
+        /// What kind of failure: unavailable, unauthorized, protocol, internal.
+        kind: StoreFailure,
         /// What fencelock was doing, and what the user can check.
         context: String,
-        /// The client library's error.
+        /// The client library's error, when there is one.
         #[source]
-        source: BoxError,
+        source: Option<BoxError>,
     },
 }
 
+/// What kind of store failure an [`Error::Backend`] is, by what the caller can do about it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StoreFailure {
+    /// No answer in time, connection lost, no leader, session moving: a retry may succeed.
+    Unavailable,
+    /// The credentials were refused, or they do not allow the operation: fix them; a retry
+    /// will not help.
+    Unauthorized,
+    /// The store answered something the protocol does not allow (an incompatible client
+    /// writing under our keys, or a bug): a retry will not help.
+    Protocol,
+    /// A failure inside fencelock itself (a task panicked): report it.
+    Internal,
+}
+
+impl std::fmt::Display for StoreFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            StoreFailure::Unavailable => "unavailable",
+            StoreFailure::Unauthorized => "unauthorized",
+            StoreFailure::Protocol => "protocol error",
+            StoreFailure::Internal => "internal error",
+        })
+    }
+}
+
+fn suffix(source: Option<&BoxError>) -> String {
+    source.map(|s| format!(": {s}")).unwrap_or_default()
+}
+
 impl Error {
-    /// Builds an [`Error::Backend`].
-    pub fn backend(
+    /// Builds an [`Error::Backend`] of `kind`.
+    pub fn store(
         backend: &'static str,
+        kind: StoreFailure,
         context: impl Into<String>,
-        source: impl Into<BoxError>,
+        source: Option<BoxError>,
     ) -> Self {
         Error::Backend {
             backend,
+            kind,
             context: context.into(),
-            source: source.into(),
+            source,
+        }
+    }
+
+    /// A store that did not answer, or a lost connection: [`StoreFailure::Unavailable`].
+    pub fn unavailable(
+        backend: &'static str,
+        context: impl Into<String>,
+        source: Option<BoxError>,
+    ) -> Self {
+        Error::store(backend, StoreFailure::Unavailable, context, source)
+    }
+
+    /// Refused credentials or permissions: [`StoreFailure::Unauthorized`].
+    pub fn unauthorized(
+        backend: &'static str,
+        context: impl Into<String>,
+        source: Option<BoxError>,
+    ) -> Self {
+        Error::store(backend, StoreFailure::Unauthorized, context, source)
+    }
+
+    /// An answer the protocol does not allow: [`StoreFailure::Protocol`].
+    pub fn protocol(backend: &'static str, context: impl Into<String>) -> Self {
+        Error::store(backend, StoreFailure::Protocol, context, None)
+    }
+
+    /// A failure inside fencelock: [`StoreFailure::Internal`].
+    pub fn internal(backend: &'static str, context: impl Into<String>) -> Self {
+        Error::store(backend, StoreFailure::Internal, context, None)
+    }
+
+    /// `what` got no answer within `after`: [`StoreFailure::Unavailable`].
+    pub fn timed_out(backend: &'static str, what: impl std::fmt::Display, after: Duration) -> Self {
+        Error::unavailable(
+            backend,
+            format!("{what}: no answer within {after:?}"),
+            Some(Box::new(std::io::Error::from(std::io::ErrorKind::TimedOut))),
+        )
+    }
+
+    /// [`Error::LockLost`] for `name`.
+    pub fn lost(name: &LockName) -> Self {
+        Error::LockLost {
+            name: name.to_string(),
+        }
+    }
+
+    /// [`Error::WouldBlock`] for `name`.
+    pub fn would_block(name: &LockName) -> Self {
+        Error::WouldBlock {
+            name: name.to_string(),
+        }
+    }
+
+    /// [`Error::NotHeld`]: the store refused the guard of `name` with `token`.
+    pub fn not_held(name: &LockName, token: FencingToken) -> Self {
+        Error::NotHeld {
+            name: name.to_string(),
+            token,
+        }
+    }
+
+    /// True when a retry of the same operation may succeed: a store that was unavailable
+    /// ([`StoreFailure::Unavailable`]). False for everything else, including lock-state errors
+    /// (acquire again instead) and refused credentials.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Error::Backend {
+                kind: StoreFailure::Unavailable,
+                ..
+            }
+        )
+    }
+
+    /// The kind of store failure, for an [`Error::Backend`].
+    pub fn store_failure(&self) -> Option<StoreFailure> {
+        match self {
+            Error::Backend { kind, .. } => Some(*kind),
+            _ => None,
         }
     }
 

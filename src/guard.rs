@@ -7,8 +7,9 @@ use std::sync::Arc;
 use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFuture};
 
-use crate::backend::{HeldLock, ReleaseOutcome};
-use crate::{Error, FencingToken, LeaseClock, LockName, Result, StateKey};
+use crate::backend::ReleaseOutcome;
+use crate::raw::{Grant, HeldLock, LeaseClock};
+use crate::{Error, FencingToken, LockName, Result, StateKey};
 
 /// Proof of holding a lock, for as long as its lease lasts.
 ///
@@ -55,16 +56,16 @@ pub struct LockGuard {
 }
 
 impl LockGuard {
-    /// Wraps a grant. Called by backends, not users: `lease` is the session's lease, `held` the
-    /// store half, `checkpoint` what the store held under [`StateKey::checkpoint`] at grant time.
-    pub fn new(
-        backend: &'static str,
-        name: LockName,
-        token: FencingToken,
-        lease: Arc<LeaseClock>,
-        checkpoint: Option<Vec<u8>>,
-        held: Box<dyn HeldLock>,
-    ) -> Self {
+    /// The guard of a grant; backends build it with [`Grant::into_guard`].
+    pub(crate) fn from_grant(grant: Grant) -> Self {
+        let Grant {
+            backend,
+            name,
+            token,
+            lease,
+            checkpoint,
+            held,
+        } = grant;
         let lost = lease.lost_token().child_token();
         tracing::debug!(backend, lock = %name, %token, "lock acquired");
         LockGuard {
@@ -101,6 +102,36 @@ impl LockGuard {
     /// Resolves when the holder can no longer be sure it holds the lock: renewal failed, the local
     /// deadline passed, the session expired, the store refused an operation, or the guard was
     /// released or dropped.
+    ///
+    /// [`run`](LockGuard::run) does this for one future; with several steps, or work that must
+    /// clean up when it stops, select on it yourself:
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> fencelock::Result<()> {
+    /// use std::time::Duration;
+    /// use fencelock::{LockBackendExt, MemoryBackend};
+    ///
+    /// let backend = MemoryBackend::new();
+    /// let guard = backend.lock("compaction").await?;
+    /// for batch in 0..3 {
+    ///     tokio::select! {
+    ///         biased;
+    ///         () = guard.lost() => {
+    ///             eprintln!("lock lost before batch {batch}: stopping");
+    ///             break;
+    ///         }
+    ///         () = tokio::time::sleep(Duration::from_millis(1)) => {
+    ///             guard.checkpoint(format!("batch {batch}")).await?; // fenced progress
+    ///         }
+    ///     }
+    /// }
+    /// let _ = guard.release().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Cancel safety
+    /// Cancel-safe, as [`CancellationToken::cancelled`]: dropping the future misses nothing,
+    /// and a new one resolves at once if the lock is already lost.
     pub fn lost(&self) -> WaitForCancellationFuture<'_> {
         self.lost.cancelled()
     }
@@ -111,10 +142,8 @@ impl LockGuard {
         self.lost.child_token()
     }
 
-    /// For backends: the token that fires this guard's `lost`, kept to report that this one lock
-    /// is gone while its session lives on (its ZooKeeper node was deleted, say). Cancelling it
-    /// never releases anything; users have no reason to call this.
-    pub fn loss_trigger(&self) -> CancellationToken {
+    /// The token that fires this guard's `lost` ([`Grant::into_guard_with_trigger`]).
+    pub(crate) fn loss_trigger(&self) -> CancellationToken {
         self.lost.clone()
     }
 
@@ -265,9 +294,7 @@ impl LockGuard {
     }
 
     fn lost_error(&self) -> Error {
-        Error::LockLost {
-            name: self.name.to_string(),
-        }
+        Error::lost(&self.name)
     }
 }
 

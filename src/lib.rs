@@ -38,18 +38,17 @@ mod guard;
 mod lease;
 pub mod memory;
 mod name;
+pub mod raw;
 mod token;
 mod withdrawals;
 
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
-pub use backend::{HeldLock, LockBackend, LockBackendExt, LockStatus, ReleaseOutcome, Wait};
-pub use error::{BoxError, Error, Result};
+pub use backend::{LockBackend, LockBackendExt, LockStatus, ReleaseOutcome, Wait};
+pub use error::{BoxError, Error, Result, StoreFailure};
 pub use fence::{format_header, parse_header, Fence, FencePermit, FENCING_TOKEN_HEADER};
 pub use guard::LockGuard;
-pub use lease::LeaseClock;
 pub use memory::{MemoryBackend, MemoryConfig, MemoryStore};
 pub use name::{LockName, StateKey, MAX_NAME_LEN};
 pub use token::FencingToken;
-pub use withdrawals::{Withdrawal, Withdrawals};

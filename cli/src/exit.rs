@@ -1,6 +1,6 @@
 //! Exit codes (sysexits where one fits) and error reports.
 
-use fencelock::Error;
+use fencelock::{Error, StoreFailure};
 
 /// Bad arguments or URL.
 pub const USAGE: u8 = 64;
@@ -8,6 +8,8 @@ pub const USAGE: u8 = 64;
 pub const UNAVAILABLE: u8 = 69;
 /// Internal failure.
 pub const SOFTWARE: u8 = 70;
+/// The backend refused the credentials or their permissions (EX_NOPERM).
+pub const NOPERM: u8 = 77;
 /// The lock was not acquired: `--try` found it held, or `--timeout` passed.
 pub const NOT_ACQUIRED: u8 = 75;
 /// The lock was lost while CMD ran; CMD was sent SIGTERM, then SIGKILL after `--grace`.
@@ -19,7 +21,7 @@ pub const HELP: &str = "\
 Exit codes of `run`: CMD's own status when it finishes (128+N if a signal N ended it);
   64 bad arguments or URL; 69 backend unreachable or failing; 75 lock not acquired (--try,
   --timeout); 76 lock LOST while CMD ran (CMD got SIGTERM, then SIGKILL after --grace);
-  127 CMD could not be started.
+  77 credentials refused or not permitted; 127 CMD could not be started.
 CMD's environment: FENCELOCK_TOKEN (pass it to every resource CMD writes), FENCELOCK_NAME,
   FENCELOCK_BACKEND (password hidden).";
 
@@ -30,6 +32,10 @@ pub fn report(e: &Error) -> u8 {
         Error::InvalidName { .. } | Error::InvalidConfig { .. } => USAGE,
         Error::WouldBlock { .. } | Error::Timeout { .. } => NOT_ACQUIRED,
         Error::LockLost { .. } | Error::NotHeld { .. } | Error::StaleToken { .. } => LOST,
+        Error::Backend {
+            kind: StoreFailure::Unauthorized,
+            ..
+        } => NOPERM,
         _ => UNAVAILABLE,
     }
 }

@@ -277,6 +277,34 @@ async fn bad_input_exit_codes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_credentials_exit_77() {
+    let cluster = EtcdCluster::start(1);
+    for args in [
+        &["user", "add", "root:rootpw", "--interactive=false"][..],
+        &["auth", "enable"],
+    ] {
+        cluster.etcdctl(args).unwrap();
+    }
+    let host = cluster.endpoints()[0]
+        .trim_start_matches("http://")
+        .to_owned();
+    let good = format!("etcd://root:rootpw@{host}/cli-auth");
+    let out = output(&good, &["run", "job", "--", "true"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    for url in [
+        format!("etcd://root:wrong@{host}/cli-auth"),
+        format!("etcd://{host}/cli-auth"),
+    ] {
+        let out = output(&url, &["run", "job", "--", "true"]).await;
+        assert_eq!(out.status.code(), Some(77), "{url}: {}", text(&out.stderr));
+        assert!(
+            !text(&out.stderr).contains("wrong"),
+            "the password is never printed"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_shows_the_refused_write_and_the_lost_update() {
     let out = output("mem://", &["demo"]).await;
     assert!(out.status.success(), "{}", text(&out.stderr));

@@ -7,14 +7,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::Mutex as AsyncMutex;
 use tokio::time::Instant;
 
 pub use store::MemoryStore;
 use store::Position;
 
-use crate::backend::{HeldLock, LockBackend, ReleaseOutcome, Wait};
-use crate::{Error, FencingToken, LeaseClock, LockGuard, LockName, LockStatus, Result, StateKey};
+use crate::backend::{LockBackend, ReleaseOutcome, Wait};
+use crate::raw::{check_margin, Grant, HeldLock, LeaseClock, Live, SessionSlot};
+use crate::{Error, FencingToken, LockGuard, LockName, LockStatus, Result, StateKey};
 
 const KIND: &str = "memory";
 
@@ -48,13 +48,7 @@ impl MemoryConfig {
         if self.ttl < Duration::from_millis(30) {
             return Err(Error::config("ttl", "must be at least 30 ms"));
         }
-        if self.safety_margin >= self.ttl / 3 {
-            return Err(Error::config(
-                "safety_margin",
-                "must be less than a third of the ttl, or the lock is lost between renewals",
-            ));
-        }
-        Ok(())
+        check_margin("safety_margin", self.ttl, self.safety_margin)
     }
 }
 
@@ -81,7 +75,7 @@ impl MemoryConfig {
 pub struct MemoryBackend {
     store: MemoryStore,
     config: MemoryConfig,
-    session: AsyncMutex<Option<Arc<Session>>>,
+    session: SessionSlot<Session>,
 }
 
 #[derive(Debug)]
@@ -90,6 +84,12 @@ struct Session {
     store: MemoryStore,
     lease: Arc<LeaseClock>,
     renewals_paused: Arc<AtomicBool>,
+}
+
+impl Live for Session {
+    fn is_live(&self) -> bool {
+        !self.lease.lost_token().is_cancelled()
+    }
 }
 
 impl Drop for Session {
@@ -115,7 +115,7 @@ impl MemoryBackend {
         Ok(MemoryBackend {
             store: store.clone(),
             config,
-            session: AsyncMutex::new(None),
+            session: SessionSlot::new(),
         })
     }
 
@@ -126,48 +126,49 @@ impl MemoryBackend {
 
     /// Fault injection: the store expires this backend's session now, as a server does when it
     /// stops hearing from a client. The holder notices at its next renewal (within TTL/3).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe.
     pub async fn expire_session(&self) {
-        if let Some(session) = self.session.lock().await.as_ref() {
+        if let Some(session) = self.session.live().await {
             self.store.expire_session(session.id);
         }
     }
 
     /// Fault injection: stops (or resumes) sending renewals, as a paused or cut-off client would.
     /// The local deadline then passes and `lost` fires before the store expires the session.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe.
     pub async fn pause_renewals(&self, paused: bool) {
-        if let Some(session) = self.session.lock().await.as_ref() {
+        if let Some(session) = self.session.live().await {
             session.renewals_paused.store(paused, Ordering::SeqCst);
         }
     }
 
-    async fn session(&self) -> Arc<Session> {
-        let mut slot = self.session.lock().await;
-        if let Some(session) = slot
-            .as_ref()
-            .filter(|s| !s.lease.lost_token().is_cancelled())
-        {
-            return Arc::clone(session);
-        }
-        let ttl = self.config.ttl;
-        let sent = Instant::now();
-        let id = self.store.grant(ttl);
-        let lease = LeaseClock::start(sent, ttl, self.config.safety_margin);
-        let renewals_paused = Arc::new(AtomicBool::new(false));
-        tokio::spawn(keep_alive(
-            self.store.clone(),
-            id,
-            ttl,
-            Arc::clone(&lease),
-            Arc::clone(&renewals_paused),
-        ));
-        let session = Arc::new(Session {
-            id,
-            store: self.store.clone(),
-            lease,
-            renewals_paused,
-        });
-        *slot = Some(Arc::clone(&session));
-        session
+    async fn session(&self) -> Result<Arc<Session>> {
+        self.session
+            .get_or_open(|| async {
+                let ttl = self.config.ttl;
+                let sent = Instant::now();
+                let id = self.store.grant(ttl);
+                let lease = LeaseClock::start(sent, ttl, self.config.safety_margin);
+                let renewals_paused = Arc::new(AtomicBool::new(false));
+                tokio::spawn(keep_alive(
+                    self.store.clone(),
+                    id,
+                    ttl,
+                    Arc::clone(&lease),
+                    Arc::clone(&renewals_paused),
+                ));
+                Ok(Arc::new(Session {
+                    id,
+                    store: self.store.clone(),
+                    lease,
+                    renewals_paused,
+                }))
+            })
+            .await
     }
 }
 
@@ -184,7 +185,7 @@ impl MemoryStore {
         MemoryBackend {
             store: self.clone(),
             config: MemoryConfig::default(),
-            session: AsyncMutex::new(None),
+            session: SessionSlot::new(),
         }
     }
 }
@@ -242,10 +243,8 @@ impl LockBackend for MemoryBackend {
 
     async fn acquire(&self, name: &LockName, wait: Wait) -> Result<LockGuard> {
         wait.limit(name, async {
-            let session = self.session().await;
-            let lost = || Error::LockLost {
-                name: name.to_string(),
-            };
+            let session = self.session().await?;
+            let lost = || Error::lost(name);
             let token = self
                 .store
                 .enqueue(name.as_str(), session.id)
@@ -265,20 +264,20 @@ impl LockBackend for MemoryBackend {
                             name: name.clone(),
                             token,
                         };
-                        return Ok(LockGuard::new(
-                            KIND,
-                            name.clone(),
-                            FencingToken::new(token),
-                            Arc::clone(&session.lease),
+                        let lease = Arc::clone(&session.lease);
+                        return Ok(Grant {
+                            backend: KIND,
+                            name: name.clone(),
+                            token: FencingToken::new(token),
+                            lease,
                             checkpoint,
-                            Box::new(held),
-                        ));
+                            held: Box::new(held),
+                        }
+                        .into_guard());
                     }
                     Position::Gone => return Err(lost()),
                     Position::Waiting { .. } if wait == Wait::Try => {
-                        return Err(Error::WouldBlock {
-                            name: name.to_string(),
-                        })
+                        return Err(Error::would_block(name))
                     }
                     Position::Waiting { wake } => tokio::select! {
                         () = wake.notified() => {}
@@ -313,10 +312,7 @@ struct MemoryHeld {
 
 impl MemoryHeld {
     fn refused(&self) -> Error {
-        Error::NotHeld {
-            name: self.name.to_string(),
-            token: FencingToken::new(self.token),
-        }
+        Error::not_held(&self.name, FencingToken::new(self.token))
     }
 
     fn with_values<T>(

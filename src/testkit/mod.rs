@@ -12,9 +12,14 @@
 //! ```
 //!
 //! Each check panics with a message that says which property broke. Every wait is bounded by
-//! [`BOUND`], so a broken backend fails instead of hanging.
+//! [`BOUND`], so a broken backend fails instead of hanging. [`cut_off_holder`] is a fault
+//! scenario for a backend's own fault tests, apart from the checks.
+//!
+//! Like the [`raw`](crate::raw) module, this is for backend authors and not a stable part of
+//! the public API.
 
 mod checks;
+mod faults;
 
 use std::future::Future;
 use std::time::Duration;
@@ -22,6 +27,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 pub use checks::*;
+pub use faults::cut_off_holder;
 
 use crate::{LockBackend, LockName};
 
@@ -79,4 +85,34 @@ macro_rules! conformance_tests {
             }
         )*
     };
+}
+
+#[cfg(test)]
+mod tests {
+    /// The names `conformance_tests!` runs, and the checks `checks.rs` defines, are the same.
+    #[test]
+    fn every_check_is_run() {
+        let checks = include_str!("checks.rs");
+        let mut defined: Vec<&str> = checks
+            .lines()
+            .filter_map(|l| l.strip_prefix("pub async fn "))
+            .filter(|rest| rest.contains("<F: BackendFactory>"))
+            .filter_map(|rest| rest.split('<').next())
+            .collect();
+        let this = include_str!("mod.rs");
+        let list = this
+            .split("$crate::conformance_tests!(@each $factory;")
+            .nth(1)
+            .and_then(|rest| rest.split(");").next())
+            .unwrap_or_default();
+        let mut listed: Vec<&str> = list
+            .split(',')
+            .map(str::trim)
+            .filter(|n| !n.is_empty())
+            .collect();
+        defined.sort_unstable();
+        listed.sort_unstable();
+        assert!(defined.len() >= 16, "found only {defined:?}");
+        assert_eq!(defined, listed, "conformance_tests! must list every check");
+    }
 }

@@ -5,17 +5,15 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{
-    Certificate, Client, Compare, CompareOp, ConnectOptions, GetOptions, Identity, SortOrder,
-    SortTarget, TlsOptions, Txn, TxnOp,
+    Certificate, Client, ConnectOptions, GetOptions, Identity, SortOrder, SortTarget, TlsOptions,
 };
+use fencelock::raw::{Enqueued, Grant, SessionSlot};
 use fencelock::{Error, FencingToken, LockBackend, LockGuard, LockName, LockStatus, Result, Wait};
-use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
-use tokio::task::JoinHandle;
 
 use crate::held::EtcdHeld;
 use crate::keys::Keys;
-use crate::mutex::{self, Queued};
-use crate::session::{lost_error, Session};
+use crate::mutex::{self, Unqueue};
+use crate::session::Session;
 use crate::{call, EtcdConfig, KIND};
 
 /// A [`LockBackend`] on an etcd cluster.
@@ -26,17 +24,13 @@ use crate::{call, EtcdConfig, KIND};
 /// separate processes. Locks are compatible with Go's `concurrency.Mutex` and `etcdctl lock`
 /// (see the crate docs for the key layout).
 ///
-/// Round trips: an uncontended acquire with a live session is one Txn (the first acquire of a
-/// session adds one lease grant); a contended acquire adds, per predecessor, one Txn that finds
-/// it (and confirms our key), one Watch stream on its key (two registrations, see the mutex
-/// module) and one Get of that key once the watch exists, then one last such Txn, which finds
-/// no older key and is the grant; release is one Txn; each fenced operation is one Txn.
+/// Requests per operation: see [the protocol](crate#the-protocol).
 pub struct EtcdBackend {
     /// Shared: the client is 3.5 KB by value, and every held lock keeps a handle.
     client: Arc<Client>,
     config: EtcdConfig,
     keys: Keys,
-    session: AsyncMutex<Option<Arc<Session>>>,
+    session: SessionSlot<Session>,
 }
 
 impl std::fmt::Debug for EtcdBackend {
@@ -105,7 +99,7 @@ impl EtcdBackend {
             client: Arc::new(client),
             keys: Keys::new(&config.prefix),
             config,
-            session: AsyncMutex::new(None),
+            session: SessionSlot::new(),
         })
     }
 
@@ -116,67 +110,58 @@ impl EtcdBackend {
 
     /// The current session's lease id, if a session is live (for diagnostics: it is the hex
     /// suffix of this instance's lock keys).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: it only reads.
     pub async fn lease_id(&self) -> Option<i64> {
-        self.session
-            .lock()
-            .await
-            .as_ref()
-            .filter(|s| s.is_live())
-            .map(|s| s.lease)
+        self.session.live().await.map(|s| s.lease)
     }
 
     async fn session(&self) -> Result<Arc<Session>> {
-        let mut slot = self.session.lock().await;
-        if let Some(live) = slot.as_ref().filter(|s| s.is_live()) {
-            return Ok(Arc::clone(live));
-        }
-        // Boxed: opening a session is rare, and its state would enlarge every acquire future.
-        let session = Box::pin(Session::grant(&self.client, &self.config)).await?;
-        *slot = Some(Arc::clone(&session));
-        Ok(session)
+        self.session
+            .get_or_open(|| Session::grant(&self.client, &self.config))
+            .await
     }
 
     async fn acquire_once(&self, name: &LockName, try_once: bool) -> Result<LockGuard> {
         let session = self.session().await?;
-        session
-            .withdrawals
-            .settled(name, self.config.request_timeout)
-            .await;
+        let limit = self.config.request_timeout;
+        session.withdrawals.settled(name, limit).await;
         let queue = session.local_queue(name);
         let turn = if try_once {
-            queue.try_lock_owned().map_err(|_| would_block(name))?
+            queue
+                .try_lock_owned()
+                .map_err(|_| Error::would_block(name))?
         } else {
             session
                 .local_turn(queue)
                 .await
-                .ok_or_else(|| lost_error(name))?
+                .ok_or_else(|| Error::lost(name))?
         };
-        let limit = self.config.request_timeout;
-        let mut pending = Pending {
-            enqueue: Some(tokio::spawn({
-                // Handles, not clones: a `Client` by value would make every acquire future
-                // (and this task) kilobytes larger, and moving them costs on the hot path.
-                let (client, keys, name, session) = (
-                    Arc::clone(&self.client),
-                    self.keys.clone(),
-                    name.clone(),
-                    Arc::clone(&session),
-                );
-                async move { mutex::enqueue(&client, &keys, &name, &session, limit).await }
-            })),
-            key: Some(self.keys.lock_key(name, session.lease)),
-            lease: session.lease,
-            session: Arc::clone(&session),
-            name: name.clone(),
+        let enqueue = {
+            // Handles, not clones: a `Client` by value would make every acquire future
+            // (and this task) kilobytes larger, and moving them costs on the hot path.
+            let (client, keys, name, session) = (
+                Arc::clone(&self.client),
+                self.keys.clone(),
+                name.clone(),
+                Arc::clone(&session),
+            );
+            async move { mutex::enqueue(&client, &keys, &name, &session, limit).await }
+        };
+        let unqueue = Unqueue {
             client: Arc::clone(&self.client),
+            session: Arc::clone(&session),
+            key: self.keys.lock_key(name, session.lease),
             limit,
-            turn: Some(turn),
+            turn,
         };
-        let queued = pending.queued(name).await?;
+        let mut pending = Enqueued::spawn(&session.withdrawals, name, enqueue, unqueue);
+        let queued = pending.reply().await?;
         let checkpoint = if queued.owner {
             queued.checkpoint.clone()
         } else if try_once {
-            return Err(would_block(name)); // `pending` deletes our key
+            return Err(Error::would_block(name)); // `pending` withdraws our key
         } else {
             // Boxed: its state (a watch stream among it) would otherwise make the future of
             // every acquire, contended or not, larger.
@@ -184,13 +169,18 @@ impl EtcdBackend {
                 &self.client,
                 &self.keys,
                 name,
-                &queued,
+                queued,
                 &session,
                 limit,
             ))
             .await?
         };
-        let turn = pending.disarm()?;
+        let (Some(unqueue), Some(queued)) = pending.disarm() else {
+            return Err(Error::internal(
+                KIND,
+                "a granted acquire lost its queue entry",
+            ));
+        };
         tracing::info!(lock = %name, token = queued.token, key = %queued.key, "etcd: acquired");
         let held = EtcdHeld {
             client: Arc::clone(&self.client),
@@ -201,16 +191,17 @@ impl EtcdBackend {
             limit,
             ttl: self.config.ttl,
             _session: Arc::clone(&session),
-            _turn: turn,
+            _turn: unqueue.turn,
         };
-        Ok(LockGuard::new(
-            KIND,
-            name.clone(),
-            FencingToken::new(queued.token.unsigned_abs()),
-            Arc::clone(&session.clock),
+        Ok(Grant {
+            backend: KIND,
+            name: name.clone(),
+            token: FencingToken::new(queued.token.unsigned_abs()),
+            lease: Arc::clone(&session.clock),
             checkpoint,
-            Box::new(held),
-        ))
+            held: Box::new(held),
+        }
+        .into_guard())
     }
 }
 
@@ -273,75 +264,6 @@ impl LockBackend for EtcdBackend {
             .collect();
         names.dedup();
         Ok(names)
-    }
-}
-
-fn would_block(name: &LockName) -> Error {
-    Error::WouldBlock {
-        name: name.to_string(),
-    }
-}
-
-/// An acquire in progress. Unless disarmed, dropping it (the acquire failed, timed out or was
-/// cancelled) deletes our key in the background, after the enqueue request has finished so that
-/// a Put still in flight cannot land after the delete, and keeps this session's turn on the
-/// name until then, so that the delete cannot hit the key of our own next acquisition.
-struct Pending {
-    enqueue: Option<JoinHandle<Result<Queued>>>,
-    key: Option<String>,
-    lease: i64,
-    session: Arc<Session>,
-    name: LockName,
-    client: Arc<Client>,
-    limit: Duration,
-    turn: Option<OwnedMutexGuard<()>>,
-}
-
-impl Pending {
-    async fn queued(&mut self, name: &LockName) -> Result<Queued> {
-        let Some(task) = self.enqueue.as_mut() else {
-            return Err(lost_error(name));
-        };
-        let out = task
-            .await
-            .map_err(|e| Error::backend(KIND, "enqueue task failed", e))?;
-        self.enqueue = None;
-        out
-    }
-
-    fn disarm(mut self) -> Result<OwnedMutexGuard<()>> {
-        self.key = None;
-        self.turn
-            .take()
-            .ok_or_else(|| Error::backend(KIND, "internal: turn already taken", "no turn"))
-    }
-}
-
-impl Drop for Pending {
-    fn drop(&mut self) {
-        let Some(key) = self.key.take() else { return };
-        let withdrawal = self.session.withdrawals.begin(&self.name);
-        let (enqueue, turn) = (self.enqueue.take(), self.turn.take());
-        let (client, lease, limit) = (Arc::clone(&self.client), self.lease, self.limit);
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(%key, "etcd: acquire dropped outside a runtime; its key ends with the lease");
-            return;
-        };
-        runtime.spawn(async move {
-            if let Some(task) = enqueue {
-                let _ = task.await;
-            }
-            // Any key of this name on our lease is from this attempt (we hold the turn).
-            let txn = Txn::new()
-                .when([Compare::lease(key.as_str(), CompareOp::Equal, lease)])
-                .and_then([TxnOp::delete(key.as_str(), None)]);
-            match mutex::txn_call("withdraw a cancelled acquire", &client, txn, limit).await {
-                Ok(_) => tracing::debug!(%key, "etcd: cancelled acquire withdrawn"),
-                Err(e) => tracing::warn!(%key, error = %e, "etcd: could not withdraw a cancelled acquire; its key ends with the lease"),
-            }
-            drop(turn);
-            drop(withdrawal);
-        });
     }
 }
 

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
-use fencelock::{Error, FencingToken, HeldLock, LockName, ReleaseOutcome, Result, StateKey};
+use fencelock::raw::{keep_retrying, spawn_detached, HeldLock, Live};
+use fencelock::{Error, FencingToken, LockName, ReleaseOutcome, Result, StateKey};
 use tokio::sync::OwnedMutexGuard;
 
 use crate::keys::Keys;
@@ -41,22 +42,21 @@ impl EtcdHeld {
             Arc::clone(&self._session),
         );
         let attempt = attempt_limit(self.limit, self.ttl);
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
         tracing::warn!(key = %self.key, "etcd: release failed; retrying in the background while the session lives");
-        runtime.spawn(async move {
-            // Ends with success or with the session (whose lease takes the key with it).
-            while session.is_live() {
-                if delete_if_created(&client, &key, token, attempt)
-                    .await
-                    .is_ok()
-                {
-                    return;
+        let alive = Arc::clone(&session);
+        keep_retrying(
+            crate::KIND,
+            format!("release {key}"),
+            move || alive.is_live(),
+            move || {
+                let (client, key) = (Arc::clone(&client), key.clone());
+                async move {
+                    delete_if_created(&client, &key, token, attempt)
+                        .await
+                        .map(drop)
                 }
-                tokio::time::sleep(Duration::from_secs(1)).await;
-            }
-        });
+            },
+        );
     }
 
     async fn fenced(&self, what: &str, op: TxnOp) -> Result<Option<TxnOpResponse>> {
@@ -69,10 +69,10 @@ impl EtcdHeld {
             .and_then([op]);
         let resp = txn_call(what, &self.client, txn, self.limit).await?;
         if !resp.succeeded() {
-            return Err(Error::NotHeld {
-                name: self.name.to_string(),
-                token: FencingToken::new(self.token.unsigned_abs()),
-            });
+            return Err(Error::not_held(
+                &self.name,
+                FencingToken::new(self.token.unsigned_abs()),
+            ));
         }
         Ok(resp.op_responses().into_iter().next())
     }
@@ -129,13 +129,11 @@ impl HeldLock for EtcdHeld {
     }
 
     fn release_in_background(self: Box<Self>) {
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn(async move {
-                if let Err(e) = self.release().await {
-                    tracing::warn!(lock = %self.name, error = %e, "etcd: background release failed; the lease will end the lock");
-                }
-            })),
-            Err(_) => tracing::warn!(lock = %self.name, "etcd: guard dropped outside a Tokio runtime; the lock ends with its lease"),
-        }
+        spawn_detached(crate::KIND, "release a dropped guard", async move {
+            // A failed release goes on in `keep_releasing`; this only reports it.
+            if let Err(e) = self.release().await {
+                tracing::warn!(lock = %self.name, error = %e, "etcd: background release failed; retrying while the session lives");
+            }
+        });
     }
 }

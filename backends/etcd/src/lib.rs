@@ -21,21 +21,36 @@
 //! `etcdctl lock P N` and fencelock exclude each other on one lock. The token is the key's create
 //! revision: what `etcdctl lock` exports to its child as `ETCD_LOCK_REV`.
 //!
-//! # The protocol (`src/mutex.rs`)
-//! - acquire: one Txn `If create_revision(key) == 0 Then Put(key, lease), Range(P N /, first
-//!   created), Get(checkpoint)`; we own the lock if the first created key is ours;
-//! - otherwise wait: Range the key created just before ours (`max_create_revision = token - 1`),
-//!   watch only that key for its delete, repeat; then one Txn confirms our key still exists;
-//! - release: one Txn `If create_revision(key) == token Then Delete(key)`, retried within the
+//! # The protocol
+//! This is the one description of it; the requests are built in `src/mutex.rs` (whose comments
+//! say why each step is as it is), and `tests/round_trips.rs` asserts the counts below against
+//! the server's own request metrics.
+//! - **acquire**: one Txn `If create_revision(P N / lease) == 0 Then Put(P N / lease, now,
+//!   lease), Range(P N /, first created), Get(checkpoint) Else Get(P N / lease)`. The token is
+//!   the Txn's revision (our key's create revision); we hold the lock if the first created key
+//!   is ours. The Else branch finds a key of this session from an earlier acquisition (a release
+//!   that failed): it is deleted, owner-checked, and the Txn sent again, because its old
+//!   revision would repeat a token;
+//! - **wait**: one Txn per pass confirms our key (`create_revision == token`, Go's post-Jepsen
+//!   check), finds the key created just before ours (`max_create_revision = token - 1`) and reads
+//!   the checkpoint; with a predecessor, one Watch stream on that key only (from "now",
+//!   registered twice) and one Get of it, which catches a delete before the watch, then the next
+//!   pass. The pass that finds no older key is the grant: a handoff costs the new holder one
+//!   request after the delete event, and a release wakes one waiter (no herd);
+//! - **cancelled, timed-out or failed acquire**: our key is withdrawn after the enqueue Txn has
+//!   finished, by a Txn comparing its create revision (only this attempt's key; the lease when
+//!   the enqueue's reply never came), retried with backoff while the session lives, holding
+//!   this session's turn on the name until etcd answers;
+//! - **release**: one Txn `If create_revision(key) == token Then Delete(key)`, retried within the
 //!   request timeout, then in the background while the session lives;
-//! - fenced state: at `P .state/ N / <key>`, outside every lock's range, by Txns with the same
-//!   compare.
+//! - **fenced state**: at `P .state/ N / <key>`, outside every lock's range, by Txns with the
+//!   same compare.
 //!
 //! | operation | requests |
 //! |---|---|
 //! | first acquire of a session | 1 LeaseGrant + 1 Txn |
 //! | uncontended acquire | 1 Txn |
-//! | contended acquire | 1 Txn, then per predecessor 1 Range + 1 Watch, then 1 Range + 1 Txn |
+//! | contended acquire | 1 Txn; per predecessor 1 Txn + 1 Watch stream (2 registrations) + 1 Range; then the granting Txn |
 //! | release, fenced put/get/delete | 1 Txn |
 //! | renewal (whole session) | 1 LeaseKeepAlive message per TTL/3 |
 //!
@@ -61,7 +76,8 @@ pub use config::{EtcdConfig, EtcdTls, MIN_TTL};
 
 pub(crate) const KIND: &str = "etcd";
 
-/// Runs one etcd request with a time limit, turning failures into [`fencelock::Error::Backend`].
+/// Runs one etcd request with a time limit, turning failures into [`fencelock::Error::Backend`]
+/// of the right [`StoreFailure`](fencelock::StoreFailure).
 pub(crate) async fn call<T>(
     what: &str,
     limit: Duration,
@@ -69,11 +85,39 @@ pub(crate) async fn call<T>(
 ) -> fencelock::Result<T> {
     match tokio::time::timeout(limit, request).await {
         Ok(Ok(value)) => Ok(value),
-        Ok(Err(e)) => Err(fencelock::Error::backend(KIND, what.to_owned(), e)),
-        Err(_) => Err(fencelock::Error::backend(
-            KIND,
-            format!("{what}: no answer within {limit:?}"),
-            std::io::Error::from(std::io::ErrorKind::TimedOut),
-        )),
+        Ok(Err(e)) => Err(etcd_error(what, e)),
+        Err(_) => Err(fencelock::Error::timed_out(KIND, what, limit)),
     }
+}
+
+/// Classifies an etcd-client error by what the caller can do about it.
+pub(crate) fn etcd_error(what: &str, e: etcd_client::Error) -> fencelock::Error {
+    use fencelock::StoreFailure::{Protocol, Unauthorized, Unavailable};
+    use tonic::Code;
+    let kind = match &e {
+        etcd_client::Error::GRpcStatus(status) => match status.code() {
+            Code::Unauthenticated | Code::PermissionDenied => Unauthorized,
+            // etcd answers a wrong password, or none where auth is on, with InvalidArgument.
+            Code::InvalidArgument
+                if ["authentication failed", "user name is empty"]
+                    .iter()
+                    .any(|m| status.message().contains(m)) =>
+            {
+                Unauthorized
+            }
+            Code::InvalidArgument
+            | Code::NotFound
+            | Code::AlreadyExists
+            | Code::FailedPrecondition
+            | Code::OutOfRange
+            | Code::Unimplemented => Protocol,
+            _ => Unavailable,
+        },
+        etcd_client::Error::IoError(_)
+        | etcd_client::Error::TransportError(_)
+        | etcd_client::Error::WatchError(_)
+        | etcd_client::Error::LeaseKeepAliveError(_) => Unavailable,
+        _ => Protocol,
+    };
+    fencelock::Error::store(KIND, kind, what, Some(Box::new(e)))
 }

@@ -1,24 +1,6 @@
-//! The lock protocol, wire-compatible with Go's `concurrency.Mutex` (and so `etcdctl lock`).
-//!
-//! Acquire (one Txn when uncontended):
-//! ```text
-//! If   create_revision(P N / lease) == 0
-//! Then Put(P N / lease, "", lease), Range(P N /, sort CREATE ASCEND, limit 1), Get(checkpoint)
-//! Else Get(P N / lease)
-//! ```
-//! The token is the Txn's header revision, which is our key's create revision. We own the lock
-//! when the owner Range returns our key. Otherwise, in one Txn, we confirm our key still exists
-//! (`create_revision == token`), look for the key created just before ours
-//! (`Range(P N /, sort CREATE DESCEND, limit 1, max_create_revision = token - 1)`) and read the
-//! checkpoint; we wait for that key to be deleted, with one watch stream on that one key (from
-//! "now", registered twice; see [`watch_delete`]) plus one Get of the key to catch a delete that
-//! came first, and repeat until the Txn finds no older key: that Txn is the grant.
-//!
-//! The Else branch means a key of this session from an earlier acquisition is still there
-//! (a release that failed). Go would reuse it, but its revision is an old token, so we delete it
-//! (owner-checked) and retry: tokens must grow on every acquisition.
-//!
-//! Release is one Txn: `If create_revision(key) == token Then Delete(key)`.
+//! The lock protocol, wire-compatible with Go's `concurrency.Mutex` (and so `etcdctl lock`):
+//! every request the etcd lock sends is built here. The crate docs describe the protocol and
+//! its request counts, once; the comments here say why each step is as it is.
 
 use std::time::Duration;
 
@@ -26,11 +8,13 @@ use etcd_client::{
     Client, Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn,
     TxnOp, TxnOpResponse, TxnResponse,
 };
-use fencelock::{LockName, Result, StateKey};
+use fencelock::raw::{Live, Withdraw};
+use fencelock::{Error, LockName, Result, StateKey};
+use tokio::sync::OwnedMutexGuard;
 
 use crate::call;
 use crate::keys::Keys;
-use crate::session::{lost_error, Session};
+use crate::session::Session;
 
 /// The outcome of the first acquire Txn.
 #[derive(Debug)]
@@ -85,10 +69,9 @@ pub(crate) async fn enqueue(
             checkpoint,
         });
     }
-    Err(fencelock::Error::backend(
+    Err(Error::protocol(
         crate::KIND,
         format!("enqueue for lock `{name}`: our key {key} keeps reappearing; is another process using this session's lease?"),
-        "leftover key",
     ))
 }
 
@@ -118,7 +101,7 @@ pub(crate) async fn wait_for_turn(
     // session's end (at most one TTL after the cluster stops answering) ends the loop.
     loop {
         if !session.is_live() {
-            return Err(lost_error(name));
+            return Err(Error::lost(name));
         }
         let txn = Txn::new()
             .when([Compare::create_revision(
@@ -139,7 +122,7 @@ pub(crate) async fn wait_for_turn(
             }
         };
         if !resp.succeeded() {
-            return Err(lost_error(name));
+            return Err(Error::lost(name));
         }
         // Fail closed: only a Range that came back empty means no older contender.
         let predecessor = match resp.op_responses().into_iter().next() {
@@ -148,10 +131,9 @@ pub(crate) async fn wait_for_turn(
                 .first()
                 .map(|kv| (kv.key().to_vec(), kv.create_revision())),
             other => {
-                return Err(fencelock::Error::backend(
+                return Err(Error::protocol(
                     crate::KIND,
-                    "look for older contenders",
-                    format!("unexpected reply {other:?}"),
+                    format!("look for older contenders: unexpected reply {other:?}"),
                 ))
             }
         };
@@ -165,7 +147,7 @@ pub(crate) async fn wait_for_turn(
                     pause_or_lost(session, name).await?;
                 }
             }
-            () = session.clock.lost_token().cancelled() => return Err(lost_error(name)),
+            () = session.clock.lost_token().cancelled() => return Err(Error::lost(name)),
         }
     }
 }
@@ -173,7 +155,7 @@ pub(crate) async fn wait_for_turn(
 async fn pause_or_lost(session: &Session, name: &LockName) -> Result<()> {
     tokio::select! {
         () = tokio::time::sleep(Duration::from_millis(200)) => Ok(()),
-        () = session.clock.lost_token().cancelled() => Err(lost_error(name)),
+        () = session.clock.lost_token().cancelled() => Err(Error::lost(name)),
     }
 }
 
@@ -235,6 +217,46 @@ async fn watch_delete(
         }
     }
     Err(etcd_client::Error::WatchError("watch stream ended".into()))
+}
+
+/// Withdraws the key of an acquire that did not end in a guard ([`fencelock::raw::Enqueued`]).
+///
+/// With the enqueue's reply, the delete compares the key's create revision, so it can only
+/// remove *this* attempt's key; without one (the enqueue failed: its Put may or may not have
+/// landed) it compares the lease, which is safe because this session's turn on the name is held
+/// here until the withdrawal is done, so no later key of ours can exist yet.
+pub(crate) struct Unqueue {
+    pub(crate) client: std::sync::Arc<Client>,
+    pub(crate) session: std::sync::Arc<Session>,
+    pub(crate) key: String,
+    pub(crate) limit: Duration,
+    pub(crate) turn: OwnedMutexGuard<()>,
+}
+
+impl Withdraw<Queued> for Unqueue {
+    async fn withdraw(&mut self, first: Option<&Queued>) -> Result<()> {
+        let key = self.key.as_str();
+        let compare = match first {
+            Some(queued) => Compare::create_revision(key, CompareOp::Equal, queued.token),
+            None => Compare::lease(key, CompareOp::Equal, self.session.lease),
+        };
+        let txn = Txn::new()
+            .when([compare])
+            .and_then([TxnOp::delete(key, None)]);
+        // Deleted, or the compare failed (nothing of this attempt there): both are definite.
+        txn_call(
+            "withdraw a cancelled acquire",
+            &self.client,
+            txn,
+            self.limit,
+        )
+        .await
+        .map(drop)
+    }
+
+    fn session_alive(&self) -> bool {
+        self.session.is_live()
+    }
 }
 
 /// Deletes `key` only if its create revision is `token`; true if it did.

@@ -1,14 +1,16 @@
 //! The session: one lease per backend instance, kept alive by us at TTL/3.
 //!
-//! etcd-client's keeper sends one request per call and never reconnects, so the schedule, the
-//! conservative deadline and the reopening of broken streams are ours.
+//! etcd-client's keeper sends one request per call and never reconnects: the schedule and the
+//! conservative deadline are [`fencelock::raw::keep_renewed`]'s; the request, and the reopening
+//! of a broken stream, are [`KeepAlive`]'s.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
-use fencelock::{Error, LeaseClock, LockName, Result, Withdrawals};
+use fencelock::raw::{keep_renewed, LeaseClock, Live, Renew, Renewal, Withdrawals};
+use fencelock::{Error, LockName, Result};
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
@@ -26,7 +28,7 @@ pub(crate) struct Session {
     /// so tasks of this session take turns per lock name here before touching etcd.
     local: Mutex<HashMap<LockName, Weak<AsyncMutex<()>>>>,
     /// Cancelled acquires of this session still being withdrawn.
-    pub(crate) withdrawals: Withdrawals,
+    pub(crate) withdrawals: Arc<Withdrawals>,
 }
 
 impl Session {
@@ -55,6 +57,7 @@ impl Session {
             config.request_timeout,
             Arc::clone(&clock),
         ));
+
         Ok(Arc::new(Session {
             lease: granted.id(),
             clock,
@@ -62,12 +65,8 @@ impl Session {
             request_timeout: config.request_timeout,
             keep_alive,
             local: Mutex::new(HashMap::new()),
-            withdrawals: Withdrawals::default(),
+            withdrawals: Arc::default(),
         }))
-    }
-
-    pub(crate) fn is_live(&self) -> bool {
-        !self.clock.lost_token().is_cancelled()
     }
 
     /// The per-name turn of this session (FIFO among its tasks).
@@ -94,6 +93,12 @@ impl Session {
     }
 }
 
+impl Live for Session {
+    fn is_live(&self) -> bool {
+        !self.clock.lost_token().is_cancelled()
+    }
+}
+
 impl std::fmt::Debug for Session {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Session")
@@ -117,95 +122,65 @@ impl Drop for Session {
     }
 }
 
-enum Renewal {
-    Alive(Duration),
-    Gone,
-    Failed(String),
-}
-
+/// Renews the session's lease until it is lost, then revokes it.
 async fn keep_alive(
-    mut client: Client,
+    client: Client,
     lease: i64,
     ttl: Duration,
     request_timeout: Duration,
     clock: Arc<LeaseClock>,
 ) {
-    let interval = ttl / 3;
-    let limit = request_timeout.min(interval);
-    let mut stream: Option<(LeaseKeeper, LeaseKeepAliveStream)> = None;
-    let mut next = Instant::now() + interval;
-    // One renewal per pass; the loop ends when the lease is lost (deadline passed or the server
-    // says it is gone), which a failing connection reaches within one TTL.
-    loop {
-        tokio::select! {
-            () = clock.lost_token().cancelled() => break,
-            () = tokio::time::sleep_until(next) => {}
-        }
-        let sent = Instant::now();
-        let outcome = tokio::time::timeout(limit, renew(&mut client, lease, &mut stream))
-            .await
-            .unwrap_or_else(|_| Renewal::Failed(format!("no answer within {limit:?}")));
-        match outcome {
-            Renewal::Alive(granted) => {
-                clock.renewed(sent, granted.min(ttl));
-                next = sent + interval;
-            }
-            Renewal::Gone => {
-                tracing::warn!(
-                    lease = format_args!("{lease:x}"),
-                    "etcd: lease expired on the server; every lock of this session is lost"
-                );
-                clock.lose();
-                break;
-            }
-            Renewal::Failed(why) => {
-                tracing::warn!(lease = format_args!("{lease:x}"), %why, "etcd: lease renewal failed; retrying on a new stream");
-                stream = None;
-                next = Instant::now() + Duration::from_millis(200).min(interval);
-            }
-        }
-    }
+    let renewer = KeepAlive {
+        client: client.clone(),
+        lease,
+        stream: None,
+    };
+    keep_renewed(crate::KIND, clock, ttl, request_timeout, renewer).await;
     tracing::warn!(lease = format_args!("{lease:x}"), "etcd: session lost");
     // Best effort: free our keys for the next holders now rather than at server-side expiry.
-    let _ = tokio::time::timeout(limit, client.lease_revoke(lease)).await;
+    let mut client = client;
+    let _ = tokio::time::timeout(request_timeout.min(ttl / 3), client.lease_revoke(lease)).await;
 }
 
-async fn renew(
-    client: &mut Client,
+/// One keepalive on the session's stream, opening it first when there is none.
+struct KeepAlive {
+    client: Client,
     lease: i64,
-    stream: &mut Option<(LeaseKeeper, LeaseKeepAliveStream)>,
-) -> Renewal {
-    let Some((keeper, responses)) = stream.as_mut() else {
-        // Opening a stream sends a first renewal and waits for its answer.
-        return match client.lease_keep_alive(lease).await {
-            Ok(opened) => {
-                *stream = Some(opened);
-                Renewal::Alive(Duration::MAX)
-            }
-            Err(e) if lease_gone(&e) => Renewal::Gone,
-            Err(e) => Renewal::Failed(e.to_string()),
+    stream: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+}
+
+impl Renew for KeepAlive {
+    async fn renew(&mut self) -> Renewal {
+        let Some((keeper, responses)) = self.stream.as_mut() else {
+            // Opening a stream sends a first renewal and waits for its answer.
+            return match self.client.lease_keep_alive(self.lease).await {
+                Ok(opened) => {
+                    self.stream = Some(opened);
+                    Renewal::Alive(Duration::MAX)
+                }
+                Err(e) if lease_gone(&e) => Renewal::Gone(e.to_string()),
+                Err(e) => Renewal::Failed(e.to_string()),
+            };
         };
-    };
-    if let Err(e) = keeper.keep_alive().await {
-        return Renewal::Failed(e.to_string());
-    }
-    match responses.message().await {
-        Ok(Some(resp)) if resp.ttl() > 0 => {
-            Renewal::Alive(Duration::from_secs(resp.ttl().unsigned_abs()))
+        if let Err(e) = keeper.keep_alive().await {
+            return Renewal::Failed(e.to_string());
         }
-        Ok(Some(_)) => Renewal::Gone,
-        Ok(None) => Renewal::Failed("keepalive stream closed".into()),
-        Err(e) if lease_gone(&e) => Renewal::Gone,
-        Err(e) => Renewal::Failed(e.to_string()),
+        match responses.message().await {
+            Ok(Some(resp)) if resp.ttl() > 0 => {
+                Renewal::Alive(Duration::from_secs(resp.ttl().unsigned_abs()))
+            }
+            Ok(Some(_)) => Renewal::Gone("the server says the lease has expired".into()),
+            Ok(None) => Renewal::Failed("keepalive stream closed".into()),
+            Err(e) if lease_gone(&e) => Renewal::Gone(e.to_string()),
+            Err(e) => Renewal::Failed(e.to_string()),
+        }
+    }
+
+    fn reset(&mut self) {
+        self.stream = None; // the next renewal opens a new stream (on the next endpoint)
     }
 }
 
 fn lease_gone(e: &etcd_client::Error) -> bool {
     e.to_string().contains("lease not found")
-}
-
-pub(crate) fn lost_error(name: &LockName) -> Error {
-    Error::LockLost {
-        name: name.to_string(),
-    }
 }

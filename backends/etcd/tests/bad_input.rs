@@ -34,6 +34,10 @@ async fn unreachable_endpoints_fail_within_the_connect_timeout() {
         err.to_string().contains("check that etcd runs there"),
         "{err}"
     );
+    assert!(
+        err.is_retryable(),
+        "an unreachable cluster is worth retrying: {err:?}"
+    );
 }
 
 #[tokio::test]

@@ -2,7 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 mod common;
 
-use fencelock::{Error, LockBackendExt, ReleaseOutcome};
+use fencelock::{Error, LockBackendExt, ReleaseOutcome, StoreFailure};
 use fencelock_etcd::{EtcdBackend, EtcdConfig, EtcdTls};
 use fencelock_testsupport::EtcdCluster;
 
@@ -77,6 +77,12 @@ async fn auth_root_and_a_prefix_limited_user() {
         "{err:?}"
     );
     assert!(err.to_string().contains("permission denied"), "{err}");
+    assert_eq!(
+        err.store_failure(),
+        Some(StoreFailure::Unauthorized),
+        "{err:?}"
+    );
+    assert!(!err.is_retryable());
 
     for (creds, why) in [
         (Some(("app", "wrong")), "authentication failed"),
@@ -87,6 +93,11 @@ async fn auth_root_and_a_prefix_limited_user() {
             .expect_err("must be refused");
         assert!(matches!(err, Error::Backend { .. }), "{err:?}");
         assert!(err.to_string().contains(why), "expected {why:?} in: {err}");
+        assert_eq!(
+            err.store_failure(),
+            Some(StoreFailure::Unauthorized),
+            "{err:?}"
+        );
     }
 }
 

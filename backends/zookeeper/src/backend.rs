@@ -3,13 +3,12 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use fencelock::raw::{Enqueued, Grant, SessionSlot};
 use fencelock::{Error, FencingToken, LockBackend, LockGuard, LockName, LockStatus, Result, Wait};
-use tokio::sync::Mutex as AsyncMutex;
-use tokio::task::JoinHandle;
 use zookeeper_client::{Acls, CreateMode, MultiReadResult};
 
 use crate::held::ZkHeld;
-use crate::mutex::{self, Node};
+use crate::mutex::{self, Unqueue};
 use crate::paths::{check_name, sort_key, Paths};
 use crate::session::ZkSession;
 use crate::{zk_error, ZkConfig, KIND};
@@ -30,7 +29,7 @@ pub struct ZkBackend {
     config: ZkConfig,
     paths: Paths,
     acls: Acls<'static>,
-    session: AsyncMutex<Option<Arc<ZkSession>>>,
+    session: SessionSlot<ZkSession>,
 }
 
 impl std::fmt::Debug for ZkBackend {
@@ -61,7 +60,7 @@ impl ZkBackend {
         let backend = ZkBackend {
             paths: Paths::new(&config.base_path),
             acls,
-            session: AsyncMutex::new(None),
+            session: SessionSlot::new(),
             config,
         };
         let session = backend.session().await?;
@@ -85,24 +84,20 @@ impl ZkBackend {
 
     /// The live session's id and password, for diagnostics and for tests that need to end the
     /// session from another client.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: it only reads.
     pub async fn session_info(&self) -> Option<zookeeper_client::SessionInfo> {
         self.session
-            .lock()
+            .live()
             .await
-            .as_ref()
-            .filter(|s| s.is_live())
             .map(|s| s.client.session().clone())
     }
 
     async fn session(&self) -> Result<Arc<ZkSession>> {
-        let mut slot = self.session.lock().await;
-        if let Some(live) = slot.as_ref().filter(|s| s.is_live()) {
-            return Ok(Arc::clone(live));
-        }
-        // Boxed: connecting is rare, and its state would enlarge every acquire future.
-        let session = Box::pin(ZkSession::connect(&self.config)).await?;
-        *slot = Some(Arc::clone(&session));
-        Ok(session)
+        self.session
+            .get_or_open(|| ZkSession::connect(&self.config))
+            .await
     }
 
     async fn acquire_once(&self, name: &LockName, try_once: bool) -> Result<LockGuard> {
@@ -110,45 +105,50 @@ impl ZkBackend {
         let limit = self.config.request_timeout;
         session.withdrawals.settled(name, limit).await;
         let id = uuid::Uuid::new_v4().to_string();
-        let mut pending = Pending {
-            create: Some(tokio::spawn({
-                let (client, paths, name, id, acls) = (
-                    session.client.clone(),
-                    self.paths.clone(),
-                    name.clone(),
-                    id.clone(),
-                    self.acls,
-                );
-                async move { mutex::create(&client, &paths, &name, &id, acls, limit).await }
-            })),
-            session: Some(Arc::clone(&session)),
+        let create = {
+            let (client, paths, name, id, acls) = (
+                session.client.clone(),
+                self.paths.clone(),
+                name.clone(),
+                id.clone(),
+                self.acls,
+            );
+            async move { mutex::create(&client, &paths, &name, &id, acls, limit).await }
+        };
+        let unqueue = Unqueue {
+            session: Arc::clone(&session),
             dir: self.paths.lock_dir(name),
-            name: name.clone(),
             id,
             limit,
         };
-        let node = pending.created(name).await?;
+        let mut pending = Enqueued::spawn(&session.withdrawals, name, create, unqueue);
+        let node = pending.reply().await?;
         let checkpoint =
-            mutex::wait_turn(&session, &self.paths, name, &node, try_once, limit).await?;
-        pending.session = None;
+            mutex::wait_turn(&session, &self.paths, name, node, try_once, limit).await?;
+        let (_, Some(node)) = pending.disarm() else {
+            return Err(Error::internal(KIND, "a granted acquire lost its node"));
+        };
         tracing::info!(lock = %name, path = %node.path, czxid = node.czxid, "zookeeper: acquired");
+        let token = FencingToken::new(node.czxid.unsigned_abs());
+        let path = node.path.clone();
         let held = ZkHeld {
             session: Arc::clone(&session),
             paths: self.paths.clone(),
             name: name.clone(),
-            node: node.clone(),
+            node,
             acls: self.acls,
             limit,
         };
-        let guard = LockGuard::new(
-            KIND,
-            name.clone(),
-            FencingToken::new(node.czxid.unsigned_abs()),
-            Arc::clone(&session.clock),
+        let (guard, trigger) = Grant {
+            backend: KIND,
+            name: name.clone(),
+            token,
+            lease: Arc::clone(&session.clock),
             checkpoint,
-            Box::new(held),
-        );
-        session.register(&node.path, guard.loss_trigger());
+            held: Box::new(held),
+        }
+        .into_guard_with_trigger();
+        session.register(&path, trigger);
         Ok(guard)
     }
 }
@@ -197,10 +197,10 @@ impl LockBackend for ZkBackend {
                 Some(age),
             ));
         }
-        Err(Error::backend(
+        Err(Error::unavailable(
             KIND,
             format!("status of `{name}`: the holder kept changing between two reads; try again"),
-            "busy lock",
+            None,
         ))
     }
 
@@ -238,59 +238,6 @@ impl LockBackend for ZkBackend {
     }
 }
 
-/// An acquire in progress. Unless disarmed (`session` taken), dropping it deletes our node in
-/// the background, after the create request has finished so that a create still in flight
-/// cannot land after the delete.
-struct Pending {
-    create: Option<JoinHandle<Result<Node>>>,
-    session: Option<Arc<ZkSession>>,
-    dir: String,
-    name: LockName,
-    id: String,
-    limit: std::time::Duration,
-}
-
-impl Pending {
-    async fn created(&mut self, name: &LockName) -> Result<Node> {
-        let Some(task) = self.create.as_mut() else {
-            return Err(Error::LockLost {
-                name: name.to_string(),
-            });
-        };
-        let out = task
-            .await
-            .map_err(|e| Error::backend(KIND, "create task failed", e))?;
-        self.create = None;
-        out
-    }
-}
-
-impl Drop for Pending {
-    fn drop(&mut self) {
-        let Some(session) = self.session.take() else {
-            return;
-        };
-        let withdrawal = session.withdrawals.begin(&self.name);
-        let (create, dir, id, limit) = (
-            self.create.take(),
-            self.dir.clone(),
-            self.id.clone(),
-            self.limit,
-        );
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::warn!(%dir, "zookeeper: acquire dropped outside a runtime; its node ends with the session");
-            return;
-        };
-        runtime.spawn(async move {
-            if let Some(task) = create {
-                let _ = task.await;
-            }
-            mutex::withdraw(&session, &dir, &id, limit).await;
-            drop(withdrawal);
-        });
-    }
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -324,10 +271,17 @@ mod tests {
         .await
         .unwrap();
         let withdrawal = session.withdrawals.begin(&name);
-        let dir = backend.paths.lock_dir(&name);
+        let mut unqueue = Unqueue {
+            session: Arc::clone(&session),
+            dir: backend.paths.lock_dir(&name),
+            id: leftover,
+            limit,
+        };
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(300)).await;
-            mutex::withdraw(&session, &dir, &leftover, limit).await;
+            fencelock::raw::Withdraw::withdraw(&mut unqueue, None)
+                .await
+                .unwrap();
             drop(withdrawal);
         });
         let guard = backend.acquire(&name, Wait::Try).await.unwrap();
@@ -341,7 +295,7 @@ mod tests {
             config: ZkConfig::new("127.0.0.1:1"),
             paths: Paths::new("/x"),
             acls: Acls::anyone_all(),
-            session: AsyncMutex::new(None),
+            session: SessionSlot::new(),
         };
         let name = LockName::new("job").unwrap();
         let size = std::mem::size_of_val(&backend.acquire_once(&name, false));

@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use fencelock::{Error, FencingToken, HeldLock, LockName, ReleaseOutcome, Result, StateKey};
+use fencelock::raw::{keep_retrying, HeldLock, Live};
+use fencelock::{Error, FencingToken, LockName, ReleaseOutcome, Result, StateKey};
 use zookeeper_client::{Acls, CheckWriteError, CreateMode, MultiReadResult};
 
 use crate::mutex::{delete_node, Node};
@@ -41,10 +42,10 @@ enum Write<'a> {
 
 impl ZkHeld {
     fn refused(&self) -> Error {
-        Error::NotHeld {
-            name: self.name.to_string(),
-            token: FencingToken::new(self.node.czxid.unsigned_abs()),
-        }
+        Error::not_held(
+            &self.name,
+            FencingToken::new(self.node.czxid.unsigned_abs()),
+        )
     }
 
     /// One multi: check our node, then the write. `Ok(false)`: the write's own precondition
@@ -70,11 +71,7 @@ impl ZkHeld {
                 ..
             })) => Ok(false),
             Ok(Err(e)) => Err(zk_error("fenced write", e.into())),
-            Err(_) => Err(Error::backend(
-                crate::KIND,
-                "fenced write: no answer",
-                std::io::Error::from(std::io::ErrorKind::TimedOut),
-            )),
+            Err(_) => Err(Error::timed_out(crate::KIND, "fenced write", self.limit)),
         }
     }
 }
@@ -131,10 +128,9 @@ impl HeldLock for ZkHeld {
                 return Ok(());
             }
         }
-        Err(Error::backend(
+        Err(Error::protocol(
             crate::KIND,
-            format!("fenced put of {path}"),
-            "the node kept appearing and vanishing",
+            format!("fenced put of {path}: the node kept appearing and vanishing"),
         ))
     }
 
@@ -150,13 +146,7 @@ impl HeldLock for ZkHeld {
         let results = match tokio::time::timeout(self.limit, reader.commit()).await {
             Ok(Ok(results)) => results,
             Ok(Err(e)) => return Err(zk_error("fenced get", e)),
-            Err(_) => {
-                return Err(Error::backend(
-                    crate::KIND,
-                    "fenced get: no answer",
-                    std::io::Error::from(std::io::ErrorKind::TimedOut),
-                ))
-            }
+            Err(_) => return Err(Error::timed_out(crate::KIND, "fenced get", self.limit)),
         };
         // Both reads are one snapshot: our node existed when the value was read.
         let mut results = results.into_iter();
@@ -187,20 +177,18 @@ impl HeldLock for ZkHeld {
 /// Deletes `path` in the background until done or the session ends (Curator's "guaranteed"
 /// delete): a node left behind blocks every other contender while our session lives.
 fn keep_deleting(session: Arc<ZkSession>, path: String, limit: Duration) {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        tracing::warn!(%path, "zookeeper: guard dropped outside a Tokio runtime; the lock ends with the session");
-        return;
-    };
-    runtime.spawn(async move {
-        // Ends with success or with the session, whose end deletes the node anyway.
-        while session.is_live() {
-            if delete_node(&session.client, &path, limit, limit)
-                .await
-                .is_ok()
-            {
-                return;
+    let alive = Arc::clone(&session);
+    keep_retrying(
+        crate::KIND,
+        format!("delete {path}"),
+        move || alive.is_live(),
+        move || {
+            let (session, path) = (Arc::clone(&session), path.clone());
+            async move {
+                delete_node(&session.client, &path, limit, limit)
+                    .await
+                    .map(drop)
             }
-            tokio::time::sleep(Duration::from_secs(1)).await;
-        }
-    });
+        },
+    );
 }

@@ -49,17 +49,29 @@ pub use config::ZkConfig;
 
 pub(crate) const KIND: &str = "zookeeper";
 
-/// Turns a client error into [`fencelock::Error`], saying what to check.
+/// Turns a client error into [`fencelock::Error`] of the right
+/// [`StoreFailure`](fencelock::StoreFailure), saying what to check.
 pub(crate) fn zk_error(what: &str, e: zookeeper_client::Error) -> fencelock::Error {
-    let hint = match e {
-        zookeeper_client::Error::NoAuth => {
-            " (permission denied: check the digest credentials and the nodes' ACLs)"
-        }
-        zookeeper_client::Error::AuthFailed => {
-            " (authentication failed: check the digest credentials)"
-        }
-        zookeeper_client::Error::SessionExpired => " (the session expired: acquire again)",
-        _ => "",
+    use fencelock::StoreFailure::{Protocol, Unauthorized, Unavailable};
+    use zookeeper_client::Error as Zk;
+    let (kind, hint) = match e {
+        Zk::NoAuth => (
+            Unauthorized,
+            " (permission denied: check the digest credentials and the nodes' ACLs)",
+        ),
+        Zk::AuthFailed => (
+            Unauthorized,
+            " (authentication failed: check the digest credentials)",
+        ),
+        Zk::SessionExpired => (Unavailable, " (the session expired: acquire again)"),
+        Zk::ConnectionLoss
+        | Zk::Timeout
+        | Zk::SessionMoved
+        | Zk::ClientClosed
+        | Zk::NoHosts
+        | Zk::Throttled
+        | Zk::NotReadOnly => (Unavailable, ""),
+        _ => (Protocol, ""),
     };
-    fencelock::Error::backend(KIND, format!("{what}{hint}"), e)
+    fencelock::Error::store(KIND, kind, format!("{what}{hint}"), Some(Box::new(e)))
 }

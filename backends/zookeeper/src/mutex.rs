@@ -14,6 +14,7 @@
 
 use std::time::Duration;
 
+use fencelock::raw::{Live, Withdraw};
 use fencelock::{Error, LockName, Result, StateKey};
 use zookeeper_client::{Acls, Client, CreateMode, MultiReadResult};
 
@@ -80,10 +81,10 @@ pub(crate) async fn create(
             Ok(Err(e)) => return Err(zk_error("create the lock node", e)),
         }
     }
-    Err(Error::backend(
+    Err(Error::unavailable(
         crate::KIND,
-        format!("create the lock node under {dir}"),
-        "gave up after 5 attempts",
+        format!("create the lock node under {dir}: no definite answer after 5 attempts"),
+        None,
     ))
 }
 
@@ -124,9 +125,7 @@ pub(crate) async fn wait_turn(
     let client = &session.client;
     let dir = paths.lock_dir(name);
     let checkpoint = paths.state(name, &StateKey::checkpoint());
-    let lost = || Error::LockLost {
-        name: name.to_string(),
-    };
+    let lost = || Error::lost(name);
     // Each pass ends in the grant, an error, or a wait for the predecessor's change; retries
     // after connection loss end with the session.
     loop {
@@ -163,10 +162,9 @@ pub(crate) async fn wait_turn(
                 err: zookeeper_client::Error::NoNode,
             }) => return Err(lost()),
             other => {
-                return Err(Error::backend(
+                return Err(Error::protocol(
                     crate::KIND,
-                    "list contenders",
-                    format!("unexpected reply {other:?}"),
+                    format!("list contenders: unexpected reply {other:?}"),
                 ))
             }
         };
@@ -183,9 +181,7 @@ pub(crate) async fn wait_turn(
             return Ok(saved);
         }
         if try_once {
-            return Err(Error::WouldBlock {
-                name: name.to_string(),
-            });
+            return Err(Error::would_block(name));
         }
         let predecessor = format!("{dir}/{}", children[position - 1]);
         match client.get_and_watch_data(&predecessor).await {
@@ -206,7 +202,7 @@ pub(crate) async fn wait_turn(
 async fn pause_or_lost(session: &ZkSession, name: &LockName) -> Result<()> {
     tokio::select! {
         () = tokio::time::sleep(RETRY_PAUSE) => Ok(()),
-        () = session.clock.lost_token().cancelled() => Err(Error::LockLost { name: name.to_string() }),
+        () = session.clock.lost_token().cancelled() => Err(Error::lost(name)),
     }
 }
 
@@ -237,11 +233,7 @@ pub(crate) async fn delete_node(
             outcome if start.elapsed() + RETRY_PAUSE >= budget => {
                 return Err(match outcome {
                     Ok(Err(e)) => zk_error("delete the lock node", e),
-                    _ => Error::backend(
-                        crate::KIND,
-                        format!("delete {path}: no answer"),
-                        std::io::Error::from(std::io::ErrorKind::TimedOut),
-                    ),
+                    _ => Error::timed_out(crate::KIND, format!("delete {path}"), attempt),
                 });
             }
             _ => tokio::time::sleep(RETRY_PAUSE).await,
@@ -249,34 +241,45 @@ pub(crate) async fn delete_node(
     }
 }
 
-/// Deletes every node of ours tagged `id` under `dir` (a cancelled acquire), until done or the
-/// session ends.
-pub(crate) async fn withdraw(session: &ZkSession, dir: &str, id: &str, limit: Duration) {
-    let tag = node_tag(id);
-    // Bounded by the session's life: its end deletes the nodes anyway.
-    while session.is_live() {
-        let children = match tokio::time::timeout(limit, session.client.list_children(dir)).await {
-            Ok(Ok(children)) => children,
-            Ok(Err(zookeeper_client::Error::NoNode)) => return,
-            _ => {
-                tokio::time::sleep(RETRY_PAUSE).await;
-                continue;
+/// Withdraws the node of an acquire that did not end in a guard ([`fencelock::raw::Enqueued`]):
+/// the node the create returned, or, when its reply was lost, every node of ours tagged `id`.
+pub(crate) struct Unqueue {
+    pub(crate) session: std::sync::Arc<ZkSession>,
+    pub(crate) dir: String,
+    pub(crate) id: String,
+    pub(crate) limit: Duration,
+}
+
+impl Withdraw<Node> for Unqueue {
+    async fn withdraw(&mut self, first: Option<&Node>) -> Result<()> {
+        let client = &self.session.client;
+        let paths = match first {
+            Some(node) => vec![node.path.clone()],
+            None => {
+                let tag = node_tag(&self.id);
+                let listed =
+                    tokio::time::timeout(self.limit, client.list_children(&self.dir)).await;
+                match listed {
+                    Ok(Ok(children)) => children
+                        .into_iter()
+                        .filter(|c| c.starts_with(&tag))
+                        .map(|c| format!("{}/{c}", self.dir))
+                        .collect(),
+                    Ok(Err(zookeeper_client::Error::NoNode)) => Vec::new(),
+                    Ok(Err(e)) => return Err(zk_error("look for a cancelled acquire's node", e)),
+                    Err(_) => {
+                        return Err(Error::timed_out(crate::KIND, "list contenders", self.limit))
+                    }
+                }
             }
         };
-        let mut done = true;
-        for child in children.iter().filter(|c| c.starts_with(&tag)) {
-            let path = format!("{dir}/{child}");
-            if delete_node(&session.client, &path, limit, limit)
-                .await
-                .is_err()
-            {
-                done = false;
-            }
+        for path in paths {
+            delete_node(client, &path, self.limit, self.limit).await?;
         }
-        if done {
-            tracing::debug!(%dir, "zookeeper: cancelled acquire withdrawn");
-            return;
-        }
-        tokio::time::sleep(RETRY_PAUSE).await;
+        Ok(())
+    }
+
+    fn session_alive(&self) -> bool {
+        self.session.is_live()
     }
 }

@@ -10,7 +10,8 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use fencelock::{Error, LeaseClock, Result, Withdrawals};
+use fencelock::raw::{keep_renewed, LeaseClock, Live, Renew, Renewal, Withdrawals};
+use fencelock::{Error, Result};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -25,7 +26,7 @@ pub(crate) struct ZkSession {
     held: Mutex<HashMap<String, CancellationToken>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     /// Cancelled acquires of this session still being withdrawn.
-    pub(crate) withdrawals: Withdrawals,
+    pub(crate) withdrawals: Arc<Withdrawals>,
 }
 
 impl std::fmt::Debug for ZkSession {
@@ -56,10 +57,10 @@ impl ZkSession {
                 Ok(Ok(client)) => client,
                 Ok(Err(e)) => return Err(zk_error(&reach, e)),
                 Err(_) => {
-                    return Err(Error::backend(
+                    return Err(Error::timed_out(
                         crate::KIND,
-                        format!("{reach}: no session within {:?}", config.connect_timeout),
-                        std::io::Error::from(std::io::ErrorKind::TimedOut),
+                        format!("{reach}: no session"),
+                        config.connect_timeout,
                     ))
                 }
             };
@@ -84,13 +85,17 @@ impl ZkSession {
             clock,
             held: Mutex::new(HashMap::new()),
             tasks: Mutex::new(Vec::new()),
-            withdrawals: Withdrawals::default(),
+            withdrawals: Arc::default(),
         });
-        let probe = tokio::spawn(probe(
-            session.client.clone(),
+        let probe = tokio::spawn(keep_renewed(
+            crate::KIND,
             Arc::clone(&session.clock),
             timeout,
             config.request_timeout,
+            Probe {
+                client: session.client.clone(),
+                timeout,
+            },
         ));
         let monitor = tokio::spawn(monitor(Arc::downgrade(&session)));
         session
@@ -99,10 +104,6 @@ impl ZkSession {
             .unwrap_or_else(PoisonError::into_inner)
             .extend([probe, monitor]);
         Ok(session)
-    }
-
-    pub(crate) fn is_live(&self) -> bool {
-        !self.clock.lost_token().is_cancelled()
     }
 
     pub(crate) fn register(&self, path: &str, trigger: CancellationToken) {
@@ -145,6 +146,12 @@ impl ZkSession {
     }
 }
 
+impl Live for ZkSession {
+    fn is_live(&self) -> bool {
+        !self.clock.lost_token().is_cancelled()
+    }
+}
+
 impl Drop for ZkSession {
     fn drop(&mut self) {
         // Dropping the last client handle closes the session, which deletes our nodes now.
@@ -160,44 +167,22 @@ impl Drop for ZkSession {
     }
 }
 
-async fn probe(
+/// One read of `/` as a renewal: the server answering it proves the session was alive when it
+/// was sent, so the deadline moves to that send time plus the session timeout (minus margin).
+struct Probe {
     client: Client,
-    clock: Arc<LeaseClock>,
     timeout: Duration,
-    request_timeout: Duration,
-) {
-    let interval = timeout / 3;
-    let limit = request_timeout.min(interval);
-    let mut next = Instant::now() + interval;
-    // One probe per pass; ends when the session is lost, which a silent server causes within
-    // one timeout.
-    loop {
-        tokio::select! {
-            () = clock.lost_token().cancelled() => return,
-            () = tokio::time::sleep_until(next) => {}
-        }
-        let sent = Instant::now();
-        match tokio::time::timeout(limit, client.check_stat("/")).await {
-            Ok(Ok(_)) => {
-                clock.renewed(sent, timeout);
-                next = sent + interval;
-            }
-            Ok(Err(
+}
+
+impl Renew for Probe {
+    async fn renew(&mut self) -> Renewal {
+        match self.client.check_stat("/").await {
+            Ok(_) => Renewal::Alive(self.timeout),
+            Err(
                 e @ (zookeeper_client::Error::SessionExpired
                 | zookeeper_client::Error::ClientClosed),
-            )) => {
-                tracing::warn!(error = %e, "zookeeper: session ended; every lock of this session is lost");
-                clock.lose();
-                return;
-            }
-            outcome => {
-                let why = match outcome {
-                    Ok(Err(e)) => e.to_string(),
-                    _ => format!("no answer within {limit:?}"),
-                };
-                tracing::warn!(%why, "zookeeper: probe failed; the session deadline is not extended");
-                next = Instant::now() + Duration::from_millis(200).min(interval);
-            }
+            ) => Renewal::Gone(e.to_string()),
+            Err(e) => Renewal::Failed(e.to_string()),
         }
     }
 }

@@ -34,6 +34,10 @@ async fn unreachable_servers_fail_within_the_connect_timeout() {
         err.to_string().contains("check that ZooKeeper runs there"),
         "{err}"
     );
+    assert!(
+        err.is_retryable(),
+        "an unreachable ensemble is worth retrying: {err:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

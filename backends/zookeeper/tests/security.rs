@@ -2,7 +2,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 mod common;
 
-use fencelock::{Error, LockBackendExt, ReleaseOutcome};
+use fencelock::{Error, LockBackendExt, ReleaseOutcome, StoreFailure};
 use fencelock_testsupport::unique;
 use fencelock_zookeeper::ZkBackend;
 use zookeeper_client::Client;
@@ -70,6 +70,12 @@ async fn other_users_cannot_delete_or_take_our_locks() {
         "{err:?}"
     );
     assert!(err.to_string().contains("permission denied"), "{err}");
+    assert_eq!(
+        err.store_failure(),
+        Some(StoreFailure::Unauthorized),
+        "{err:?}"
+    );
+    assert!(!err.is_retryable());
 
     assert!(guard.is_held());
     assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);

@@ -8,11 +8,35 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 /// A loopback port that was free a moment ago.
+///
+/// The port comes from 20000-31999, below Linux's ephemeral range (32768-60999): a port the
+/// kernel picked (`bind(0)`) is free only until some process's next outgoing connection takes it
+/// as its source port, which happened between our check and the server's own bind under load
+/// ("address already in use"). A process never hands out the same port twice.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind a free loopback port")
+    use std::collections::HashSet;
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::{Mutex, OnceLock, PoisonError};
+    static HANDED_OUT: OnceLock<Mutex<HashSet<u16>>> = OnceLock::new();
+    let mut handed_out = HANDED_OUT
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    let mut seed = std::collections::hash_map::RandomState::new().build_hasher();
+    seed.write_u32(std::process::id());
+    let mut state = seed.finish();
+    // Bounded: 12,000 candidates, and a busy machine leaves most of them free.
+    for _ in 0..2000 {
+        state = state
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        let port = 20_000 + u16::try_from((state >> 33) % 12_000).expect("below 12,000");
+        if !handed_out.contains(&port) && TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            handed_out.insert(port);
+            return port;
+        }
+    }
+    panic!("no free loopback port in 20000-31999 after 2000 tries")
 }
 
 /// The folder under which every server keeps its data and log.

@@ -1,0 +1,300 @@
+//! [`Enqueued`]: the first request of an acquire, and its withdrawal if the acquire does not
+//! end in a guard.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::task::JoinHandle;
+
+use crate::raw::{spawn_detached, Backoff, Withdrawals};
+use crate::{Error, LockName, Result};
+
+/// How a backend removes the queue entry of an acquire that did not end in a guard.
+pub trait Withdraw<T>: Send + 'static {
+    /// Removes what the first request wrote. `first` is its reply when it returned one (so the
+    /// removal can compare what identifies *this* attempt, such as a create revision); `None`
+    /// when it failed, and the entry may or may not exist. `Ok` means the store gave a definite
+    /// answer: the entry was removed, or there is none.
+    fn withdraw(&mut self, first: Option<&T>) -> impl Future<Output = Result<()>> + Send;
+
+    /// While true, a failed withdrawal is retried. Once the session is gone the store removes
+    /// its entries itself.
+    fn session_alive(&self) -> bool;
+}
+
+/// The first request of an acquire (the one that writes the queue entry), run in a task of its
+/// own, and the undo if the acquire fails, times out or is dropped before it is disarmed.
+///
+/// The undo waits for the first request to finish, so a write still in flight cannot land
+/// after it, then calls [`Withdraw::withdraw`] until the store answers (retried with
+/// [`Backoff`] while the session lives and the error is retryable). It is counted in
+/// [`Withdrawals`] from the moment the acquire is dropped until that answer, and `W` is dropped
+/// only then, so a per-name turn kept in `W` is held until the entry is gone.
+///
+/// ```
+/// # use std::sync::Arc;
+/// # use fencelock::{LockName, Result};
+/// # use fencelock::raw::{Enqueued, Withdraw, Withdrawals};
+/// struct Undo;
+/// impl Withdraw<u64> for Undo {
+///     async fn withdraw(&mut self, first: Option<&u64>) -> Result<()> {
+///         let _ = first; // delete the entry, comparing what identifies this attempt
+///         Ok(())
+///     }
+///     fn session_alive(&self) -> bool { true }
+/// }
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<()> {
+/// let withdrawals = Arc::new(Withdrawals::default());
+/// let name = LockName::new("job")?;
+/// let mut pending = Enqueued::spawn(&withdrawals, &name, async { Ok(42u64) }, Undo);
+/// let position = *pending.reply().await?;
+/// // ... wait for the turn; any `?` from here on withdraws the entry ...
+/// let (_undo, _reply) = pending.disarm(); // granted: keep the entry
+/// # assert_eq!(position, 42); Ok(()) }
+/// ```
+#[must_use = "dropping it withdraws the entry at once"]
+pub struct Enqueued<T: Send + 'static, W: Withdraw<T>> {
+    first: Option<JoinHandle<Result<T>>>,
+    reply: Option<T>,
+    armed: Option<Armed<W>>,
+}
+
+struct Armed<W> {
+    withdraw: W,
+    withdrawals: Arc<Withdrawals>,
+    name: LockName,
+}
+
+impl<T: Send + 'static, W: Withdraw<T>> Enqueued<T, W> {
+    /// Spawns `first` (on the current Tokio runtime) and arms the withdrawal.
+    ///
+    /// # Panics
+    /// Outside a Tokio runtime.
+    pub fn spawn(
+        withdrawals: &Arc<Withdrawals>,
+        name: &LockName,
+        first: impl Future<Output = Result<T>> + Send + 'static,
+        withdraw: W,
+    ) -> Self {
+        Enqueued {
+            first: Some(tokio::spawn(first)),
+            reply: None,
+            armed: Some(Armed {
+                withdraw,
+                withdrawals: Arc::clone(withdrawals),
+                name: name.clone(),
+            }),
+        }
+    }
+
+    /// The first request's reply, once it has finished (the same reply on every call).
+    ///
+    /// # Errors
+    /// The first request's error (the entry is then withdrawn when this is dropped), or an
+    /// internal error if its task panicked.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: the request goes on in its task, and a later call (or the withdrawal)
+    /// waits for it.
+    pub async fn reply(&mut self) -> Result<&T> {
+        if let Some(task) = self.first.as_mut() {
+            let out = task.await.map_err(|e| {
+                Error::internal("raw", format!("the first request's task failed: {e}"))
+            });
+            self.first = None;
+            self.reply = Some(out??);
+        }
+        self.reply
+            .as_ref()
+            .ok_or_else(|| Error::internal("raw", "the first request's reply was already taken"))
+    }
+
+    /// The acquire was granted: keep the entry. Returns the withdrawal (with whatever it kept,
+    /// such as a per-name turn) and the first reply.
+    pub fn disarm(mut self) -> (Option<W>, Option<T>) {
+        (
+            self.armed.take().map(|armed| armed.withdraw),
+            self.reply.take(),
+        )
+    }
+}
+
+impl<T: Send + 'static, W: Withdraw<T>> Drop for Enqueued<T, W> {
+    fn drop(&mut self) {
+        let Some(Armed {
+            mut withdraw,
+            withdrawals,
+            name,
+        }) = self.armed.take()
+        else {
+            return;
+        };
+        // Counted synchronously, before the task runs: a new acquire of the name by this
+        // instance must already see it.
+        let withdrawal = withdrawals.begin(&name);
+        let (first, reply) = (self.first.take(), self.reply.take());
+        spawn_detached("raw", "withdraw a cancelled acquire", async move {
+            let reply = match first {
+                Some(task) => task.await.ok().and_then(Result::ok),
+                None => reply,
+            };
+            let mut backoff = Backoff::new();
+            // Ends with a definite answer, a non-retryable error, or the session's end.
+            loop {
+                match withdraw.withdraw(reply.as_ref()).await {
+                    Ok(()) => {
+                        tracing::debug!(lock = %name, "cancelled acquire withdrawn");
+                        break;
+                    }
+                    Err(e) if Backoff::should_retry(&e, withdraw.session_alive()) => {
+                        tracing::debug!(lock = %name, error = %e, "withdrawal failed; retrying");
+                        backoff.pause().await;
+                    }
+                    Err(e) => {
+                        tracing::warn!(lock = %name, error = %e, "could not withdraw a cancelled acquire; its entry ends with the session");
+                        break;
+                    }
+                }
+            }
+            drop(withdraw);
+            drop(withdrawal);
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    use super::*;
+
+    /// When each withdrawal ran, and the reply it was given.
+    type Calls = Arc<std::sync::Mutex<Vec<(Duration, Option<u64>)>>>;
+
+    #[derive(Clone, Default)]
+    struct Log {
+        calls: Calls,
+        fail_first: Arc<AtomicUsize>,
+        alive: Arc<AtomicBool>,
+        dropped: Arc<AtomicBool>,
+    }
+
+    struct Undo {
+        log: Log,
+        start: Instant,
+    }
+
+    impl Withdraw<u64> for Undo {
+        async fn withdraw(&mut self, first: Option<&u64>) -> Result<()> {
+            self.log
+                .calls
+                .lock()
+                .unwrap()
+                .push((Instant::now() - self.start, first.copied()));
+            if self.log.fail_first.load(Ordering::SeqCst) > 0 {
+                self.log.fail_first.fetch_sub(1, Ordering::SeqCst);
+                return Err(Error::unavailable("test", "no answer", None));
+            }
+            Ok(())
+        }
+        fn session_alive(&self) -> bool {
+            self.log.alive.load(Ordering::SeqCst)
+        }
+    }
+
+    impl Drop for Undo {
+        fn drop(&mut self) {
+            self.log.dropped.store(true, Ordering::SeqCst);
+        }
+    }
+
+    fn undo(log: &Log) -> Undo {
+        log.alive.store(true, Ordering::SeqCst);
+        Undo {
+            log: log.clone(),
+            start: Instant::now(),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_drop_waits_for_the_first_request_then_withdraws_with_its_reply() {
+        let (log, withdrawals) = (Log::default(), Arc::new(Withdrawals::default()));
+        let name = LockName::new("job").unwrap();
+        let first = async {
+            tokio::time::sleep(Duration::from_secs(1)).await; // still in flight at the drop
+            Ok(7u64)
+        };
+        drop(Enqueued::spawn(&withdrawals, &name, first, undo(&log)));
+        // The withdrawal counts from the drop, before its task ran.
+        let settled = tokio::time::timeout(
+            Duration::from_millis(500),
+            withdrawals.settled(&name, Duration::from_secs(60)),
+        );
+        assert!(
+            settled.await.is_err(),
+            "not settled while the first request runs"
+        );
+        withdrawals.settled(&name, Duration::from_secs(60)).await;
+        let calls = log.calls.lock().unwrap().clone();
+        assert_eq!(calls, [(Duration::from_secs(1), Some(7))]);
+        assert!(log.dropped.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_withdrawal_is_retried_and_keeps_the_turn_until_it_succeeds() {
+        let (log, withdrawals) = (Log::default(), Arc::new(Withdrawals::default()));
+        let name = LockName::new("job").unwrap();
+        log.fail_first.store(3, Ordering::SeqCst);
+        let first = async { Err::<u64, _>(Error::unavailable("test", "timed out", None)) };
+        let mut pending = Enqueued::spawn(&withdrawals, &name, first, undo(&log));
+        assert!(pending.reply().await.is_err());
+        drop(pending);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        assert!(
+            !log.dropped.load(Ordering::SeqCst),
+            "W (the turn) is kept while retrying"
+        );
+        withdrawals.settled(&name, Duration::from_secs(60)).await;
+        let at: Vec<u128> = log
+            .calls
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|c| c.0.as_millis())
+            .collect();
+        assert_eq!(at, [0, 100, 300, 700], "backoff 100, 200, 400 ms");
+        assert!(log.calls.lock().unwrap().iter().all(|c| c.1.is_none()));
+        assert!(log.dropped.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn retries_stop_when_the_session_ends() {
+        let (log, withdrawals) = (Log::default(), Arc::new(Withdrawals::default()));
+        let name = LockName::new("job").unwrap();
+        log.fail_first.store(usize::MAX, Ordering::SeqCst);
+        let pending = Enqueued::spawn(&withdrawals, &name, async { Ok(1u64) }, undo(&log));
+        drop(pending);
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        log.alive.store(false, Ordering::SeqCst);
+        withdrawals.settled(&name, Duration::from_secs(60)).await;
+        assert_eq!(log.calls.lock().unwrap().len(), 3); // 0, 100, then 300 ms finds it gone
+        assert!(log.dropped.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn disarmed_it_withdraws_nothing() {
+        let (log, withdrawals) = (Log::default(), Arc::new(Withdrawals::default()));
+        let name = LockName::new("job").unwrap();
+        let mut pending = Enqueued::spawn(&withdrawals, &name, async { Ok(3u64) }, undo(&log));
+        assert_eq!(*pending.reply().await.unwrap(), 3);
+        let (w, reply) = pending.disarm();
+        assert_eq!(reply, Some(3));
+        drop(w);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(log.calls.lock().unwrap().is_empty());
+    }
+}

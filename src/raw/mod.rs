@@ -1,0 +1,68 @@
+//! For backend authors: the machinery every backend needs, written once.
+//!
+//! Users of locks never need this module; it is less stable than the crate root (OpenDAL's
+//! `raw` has the same status). A backend keeps only its protocol (keys or paths, requests, the
+//! wait for its turn) and takes the rest from here:
+//!
+//! | piece | what it guarantees |
+//! |---|---|
+//! | [`LeaseClock`] | the local deadline: send time of the last successful renewal + TTL − margin |
+//! | [`keep_renewed`] + [`Renew`] | renewals at TTL/3, each one feeding the clock from its *send* time; retries after a failure; loses the clock when the store refuses |
+//! | [`SessionSlot`] | one live session per backend instance, opened lazily, replaced after a loss |
+//! | [`Enqueued`] + [`Withdraw`] | a cancelled, timed-out or failed acquire leaves nothing behind: its first request runs to the end in a task of its own, then the entry is withdrawn, retried with backoff until the store answers while the session lives |
+//! | [`Withdrawals`] | a new acquire of the same name by the same instance waits for those withdrawals |
+//! | [`keep_retrying`] | the background re-delete of a dropped guard, with the same rules |
+//! | [`Grant`] | the one way to build a [`LockGuard`](crate::LockGuard) |
+//! | [`HeldLock`] | the store half behind a guard |
+//! | [`check_margin`] | the one rule for a TTL and its safety margin |
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use fencelock::raw::LeaseClock;
+//! use tokio::time::Instant;
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+//! let ttl = Duration::from_secs(10);
+//! let sent = Instant::now(); // just before the lease-grant request goes out
+//! let clock: Arc<LeaseClock> = LeaseClock::start(sent, ttl, ttl / 10);
+//! assert_eq!(clock.deadline(), sent + Duration::from_secs(9));
+//! # }
+//! ```
+
+mod enqueued;
+mod grant;
+mod renew;
+mod retry;
+mod slot;
+
+use std::time::Duration;
+
+pub use crate::backend::HeldLock;
+pub use crate::lease::LeaseClock;
+pub use crate::withdrawals::{Withdrawal, Withdrawals};
+pub use enqueued::{Enqueued, Withdraw};
+pub use grant::Grant;
+pub use renew::{keep_renewed, Renew, Renewal};
+pub use retry::{keep_retrying, spawn_detached, Backoff};
+pub use slot::{Live, SessionSlot};
+
+use crate::{Error, Result};
+
+/// Checks a TTL (or session timeout) and its safety margin: the margin must be below a third
+/// of the TTL, or the holder would give the lock up between two renewals.
+///
+/// # Errors
+/// [`Error::InvalidConfig`] naming `margin_field` when it is not.
+pub fn check_margin(margin_field: &'static str, ttl: Duration, margin: Duration) -> Result<()> {
+    if margin >= ttl / 3 {
+        return Err(Error::config(
+            margin_field,
+            format!(
+                "{margin:?} must be less than a third of the ttl ({ttl:?}), or the lock is lost \
+                 between renewals"
+            ),
+        ));
+    }
+    Ok(())
+}
