@@ -25,6 +25,9 @@ impl Wait {
     /// `Timeout(d)` drops it after `d` and reports [`Error::Timeout`]. A backend calls this for
     /// the two waiting policies and handles [`Wait::Try`] itself.
     ///
+    /// # Errors
+    /// [`Error::Timeout`] when the limit passed first; otherwise what `acquire` returned.
+    ///
     /// # Cancel safety
     /// Dropping `acquire` on timeout must leave nothing behind in the store; that is the
     /// backend's cancel-safety duty either way.

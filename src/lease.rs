@@ -14,7 +14,7 @@ use tokio_util::sync::CancellationToken;
 /// when it *receives* the request, which is later, so the holder's deadline always passes first.
 /// The margin absorbs clock-rate drift and the time the holder needs to stop its work.
 ///
-/// Backends create one per session and hand it to every [`LockGuard`](crate::LockGuard) of that
+/// Backends create one per session (see [`keep_renewed`](crate::raw::keep_renewed)) and hand it to every [`LockGuard`](crate::LockGuard) of that
 /// session; each guard's `lost` is a child of [`LeaseClock::lost_token`].
 #[derive(Debug)]
 pub struct LeaseClock {
@@ -25,7 +25,27 @@ pub struct LeaseClock {
 
 impl LeaseClock {
     /// Starts a lease whose grant request was sent at `sent_at` with `ttl`, and spawns the task
-    /// that fires `lost` when the deadline passes. Needs a Tokio runtime.
+    /// that fires `lost` when the deadline passes.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)] async fn main() {
+    /// use std::time::Duration;
+    /// use fencelock::raw::LeaseClock;
+    /// use tokio::time::Instant;
+    ///
+    /// let sent = Instant::now(); // taken just before the grant request is sent
+    /// let clock = LeaseClock::start(sent, Duration::from_secs(10), Duration::from_secs(1));
+    /// // A renewal sent 3 s later moves the deadline to its send time + ttl - margin.
+    /// tokio::time::sleep(Duration::from_secs(3)).await;
+    /// clock.renewed(sent + Duration::from_secs(3), Duration::from_secs(10));
+    /// assert_eq!(clock.deadline(), sent + Duration::from_secs(12));
+    /// clock.lose(); // the store refused a renewal: every guard's `lost` fires
+    /// assert!(!clock.is_live());
+    /// # }
+    /// ```
+    ///
+    /// # Panics
+    /// Outside a Tokio runtime (it spawns the deadline task).
     pub fn start(sent_at: Instant, ttl: Duration, margin: Duration) -> Arc<Self> {
         let clock = Arc::new(LeaseClock {
             lost: CancellationToken::new(),

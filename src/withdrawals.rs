@@ -1,4 +1,5 @@
-//! For backend authors: cancelled acquires being withdrawn in the background.
+//! For backend authors: cancelled acquires being withdrawn in the background
+//! ([`Enqueued`](crate::raw::Enqueued) counts them here).
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
@@ -42,6 +43,9 @@ impl Withdrawals {
 
     /// Waits until no withdrawal of `name` is running, for at most `limit` (after which the
     /// acquire goes on and, at worst, queues behind the leftover).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: it only waits.
     pub async fn settled(&self, name: &LockName, limit: Duration) {
         let counter = self
             .names

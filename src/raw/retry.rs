@@ -2,8 +2,10 @@
 //! with backoff while a session lives.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
+use crate::raw::Live;
 use crate::{Error, Result};
 
 /// The first pause of a [`Backoff`].
@@ -65,16 +67,17 @@ pub fn spawn_detached(
 }
 
 /// Runs `attempt` in the background until it succeeds, retrying with [`Backoff`] while
-/// `session_alive()` and the error is retryable. For the re-delete of a dropped guard: an
+/// `session` lives and the error is retryable. For the re-delete of a dropped guard: an
 /// entry left behind blocks every other contender until the session ends (Curator calls this
 /// a guaranteed delete).
-pub fn keep_retrying<A, Fut>(
+pub fn keep_retrying<S, A, Fut>(
     backend: &'static str,
     what: String,
-    session_alive: impl Fn() -> bool + Send + 'static,
+    session: Arc<S>,
     mut attempt: A,
 ) where
-    A: FnMut() -> Fut + Send + 'static,
+    S: Live + 'static,
+    A: FnMut(&Arc<S>) -> Fut + Send + 'static,
     Fut: Future<Output = Result<()>> + Send,
 {
     let task_what = what.clone();
@@ -82,9 +85,9 @@ pub fn keep_retrying<A, Fut>(
         let mut backoff = Backoff::new();
         // Ends with success, a non-retryable error, or the session's end.
         loop {
-            match attempt().await {
+            match attempt(&session).await {
                 Ok(()) => return,
-                Err(e) if Backoff::should_retry(&e, session_alive()) => {
+                Err(e) if Backoff::should_retry(&e, session.is_live()) => {
                     tracing::debug!(backend, what = %task_what, error = %e, "retrying");
                     backoff.pause().await;
                 }
@@ -107,6 +110,12 @@ mod tests {
 
     use super::*;
 
+    impl Live for AtomicBool {
+        fn is_live(&self) -> bool {
+            self.load(Ordering::SeqCst)
+        }
+    }
+
     fn unavailable() -> Error {
         Error::unavailable("test", "no answer", None)
     }
@@ -121,8 +130,8 @@ mod tests {
         keep_retrying(
             "test",
             "re-delete".into(),
-            || true,
-            move || {
+            Arc::new(AtomicBool::new(true)),
+            move |_| {
                 let log = Arc::clone(&log);
                 let finished = {
                     let mut log = log.lock().unwrap();
@@ -155,22 +164,17 @@ mod tests {
         for final_error in [false, true] {
             let alive = Arc::new(AtomicBool::new(true));
             let calls = Arc::new(AtomicUsize::new(0));
-            let (a, c) = (Arc::clone(&alive), Arc::clone(&calls));
-            keep_retrying(
-                "test",
-                "re-delete".into(),
-                move || a.load(Ordering::SeqCst),
-                move || {
-                    c.fetch_add(1, Ordering::SeqCst);
-                    async move {
-                        Err(if final_error {
-                            Error::unauthorized("test", "denied", None)
-                        } else {
-                            unavailable()
-                        })
-                    }
-                },
-            );
+            let c = Arc::clone(&calls);
+            keep_retrying("test", "re-delete".into(), Arc::clone(&alive), move |_| {
+                c.fetch_add(1, Ordering::SeqCst);
+                async move {
+                    Err(if final_error {
+                        Error::unauthorized("test", "denied", None)
+                    } else {
+                        unavailable()
+                    })
+                }
+            });
             tokio::time::sleep(Duration::from_millis(350)).await;
             let expected = if final_error { 1 } else { 3 }; // at 0, 100 and 300 ms
             assert_eq!(calls.load(Ordering::SeqCst), expected);

@@ -15,6 +15,14 @@
 //! [`BOUND`], so a broken backend fails instead of hanging. [`cut_off_holder`] is a fault
 //! scenario for a backend's own fault tests, apart from the checks.
 //!
+//! # Panics
+//! Every check, and [`cut_off_holder`], panics when its property breaks: that is how it fails
+//! the test that calls it. None returns an error.
+//!
+//! # Cancel safety
+//! A check dropped midway (its test timed out) may leave locks held until their leases end;
+//! each check uses names of its own, so later checks are not disturbed.
+//!
 //! Like the [`raw`](crate::raw) module, this is for backend authors and not a stable part of
 //! the public API.
 
@@ -57,6 +65,12 @@ pub trait BackendFactory: Send + Sync + 'static {
 }
 
 /// Awaits `fut`, failing the check with `what` if it takes longer than [`BOUND`].
+///
+/// # Panics
+/// When `fut` takes longer than [`BOUND`].
+///
+/// # Cancel safety
+/// As cancel-safe as `fut`.
 pub async fn bounded<T>(what: &str, fut: impl Future<Output = T>) -> T {
     match tokio::time::timeout(BOUND, fut).await {
         Ok(out) => out,

@@ -25,6 +25,20 @@ use crate::{call, EtcdConfig, KIND};
 /// (see the crate docs for the key layout).
 ///
 /// Requests per operation: see [the protocol](crate#the-protocol).
+///
+/// ```no_run
+/// # #[tokio::main] async fn main() -> fencelock::Result<()> {
+/// use std::sync::Arc;
+/// use fencelock::{LockBackend, LockBackendExt};
+/// use fencelock_etcd::{EtcdBackend, EtcdConfig};
+///
+/// let locks: Arc<dyn LockBackend> =
+///     Arc::new(EtcdBackend::connect(EtcdConfig::new(["http://127.0.0.1:2379"])).await?);
+/// let guard = locks.lock("nightly-report").await?; // key fencelock/nightly-report/<lease hex>
+/// println!("token {} (what `etcdctl lock` calls ETCD_LOCK_REV)", guard.token());
+/// let _ = guard.release().await?;
+/// # Ok(()) }
+/// ```
 pub struct EtcdBackend {
     /// Shared: the client is 3.5 KB by value, and every held lock keeps a handle.
     client: Arc<Client>,

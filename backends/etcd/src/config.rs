@@ -59,6 +59,18 @@ impl fmt::Debug for EtcdTls {
 
 /// Settings of an [`EtcdBackend`](crate::EtcdBackend). Start from [`EtcdConfig::new`]; every
 /// field has a documented default.
+///
+/// ```
+/// use std::time::Duration;
+/// use fencelock_etcd::EtcdConfig;
+///
+/// let config = EtcdConfig::new(["http://10.0.0.1:2379", "http://10.0.0.2:2379"])
+///     .prefix("billing/")
+///     .ttl(Duration::from_secs(15))
+///     .credentials("billing", "s3cret");
+/// assert_eq!(config.safety_margin, Duration::from_millis(1500)); // ttl / 10
+/// assert!(!format!("{config:?}").contains("s3cret"));
+/// ```
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct EtcdConfig {

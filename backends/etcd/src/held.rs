@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
-use fencelock::raw::{keep_retrying, spawn_detached, HeldLock, Live};
+use fencelock::raw::{keep_retrying, spawn_detached, HeldLock};
 use fencelock::{Error, FencingToken, LockName, ReleaseOutcome, Result, StateKey};
 use tokio::sync::OwnedMutexGuard;
 
@@ -43,20 +43,14 @@ impl EtcdHeld {
         );
         let attempt = attempt_limit(self.limit, self.ttl);
         tracing::warn!(key = %self.key, "etcd: release failed; retrying in the background while the session lives");
-        let alive = Arc::clone(&session);
-        keep_retrying(
-            crate::KIND,
-            format!("release {key}"),
-            move || alive.is_live(),
-            move || {
-                let (client, key) = (Arc::clone(&client), key.clone());
-                async move {
-                    delete_if_created(&client, &key, token, attempt)
-                        .await
-                        .map(drop)
-                }
-            },
-        );
+        keep_retrying(crate::KIND, format!("release {key}"), session, move |_| {
+            let (client, key) = (Arc::clone(&client), key.clone());
+            async move {
+                delete_if_created(&client, &key, token, attempt)
+                    .await
+                    .map(drop)
+            }
+        });
     }
 
     async fn fenced(&self, what: &str, op: TxnOp) -> Result<Option<TxnOpResponse>> {

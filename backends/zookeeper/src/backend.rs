@@ -21,6 +21,18 @@ use crate::{zk_error, ZkConfig, KIND};
 /// every guard fires `lost`, and the next acquire opens a new session. Nodes follow Curator's
 /// `InterProcessMutex`, so Java services using Curator on the same path exclude us and we them.
 ///
+/// ```no_run
+/// # #[tokio::main] async fn main() -> fencelock::Result<()> {
+/// use fencelock::LockBackendExt;
+/// use fencelock_zookeeper::{ZkBackend, ZkConfig};
+///
+/// let locks = ZkBackend::connect(ZkConfig::new("127.0.0.1:2181")).await?;
+/// let guard = locks.lock("nightly-report").await?; // a Curator InterProcessMutex on /fencelock/nightly-report
+/// println!("token {} (the node's czxid)", guard.token());
+/// let _ = guard.release().await?;
+/// # Ok(()) }
+/// ```
+///
 /// Requests: an uncontended acquire is one create and one multi-read (children and the
 /// checkpoint); a waiter adds one getData-with-watch and one multi-read per predecessor that
 /// leaves; release is one delete; fenced put/delete is one multi (check + write), fenced get one

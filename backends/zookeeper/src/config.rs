@@ -7,6 +7,18 @@ use fencelock::{Error, Result};
 
 /// Settings of a [`ZkBackend`](crate::ZkBackend). Start from [`ZkConfig::new`]; every field has
 /// a documented default.
+///
+/// ```
+/// use std::time::Duration;
+/// use fencelock_zookeeper::ZkConfig;
+///
+/// let config = ZkConfig::new("10.0.0.1:2181,10.0.0.2:2181")
+///     .base_path("/billing")
+///     .session_timeout(Duration::from_secs(15))
+///     .digest("billing", "s3cret");
+/// assert_eq!(config.safety_margin, Duration::from_millis(1500)); // a tenth
+/// assert!(!format!("{config:?}").contains("s3cret"));
+/// ```
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct ZkConfig {

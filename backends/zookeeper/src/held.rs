@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use fencelock::raw::{keep_retrying, HeldLock, Live};
+use fencelock::raw::{keep_retrying, HeldLock};
 use fencelock::{Error, FencingToken, LockName, ReleaseOutcome, Result, StateKey};
 use zookeeper_client::{Acls, CheckWriteError, CreateMode, MultiReadResult};
 
@@ -177,13 +177,12 @@ impl HeldLock for ZkHeld {
 /// Deletes `path` in the background until done or the session ends (Curator's "guaranteed"
 /// delete): a node left behind blocks every other contender while our session lives.
 fn keep_deleting(session: Arc<ZkSession>, path: String, limit: Duration) {
-    let alive = Arc::clone(&session);
     keep_retrying(
         crate::KIND,
         format!("delete {path}"),
-        move || alive.is_live(),
-        move || {
-            let (session, path) = (Arc::clone(&session), path.clone());
+        session,
+        move |session| {
+            let (session, path) = (Arc::clone(session), path.clone());
             async move {
                 delete_node(&session.client, &path, limit, limit)
                     .await
