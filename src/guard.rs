@@ -53,6 +53,8 @@ pub struct LockGuard {
     lost: CancellationToken,
     checkpoint: Option<Vec<u8>>,
     held: Option<Box<dyn HeldLock>>,
+    /// Why this one lock was lost, when the cause is the guard's own (not the session's).
+    cause: std::sync::OnceLock<&'static str>,
 }
 
 impl LockGuard {
@@ -76,7 +78,23 @@ impl LockGuard {
             lost,
             checkpoint,
             held: Some(held),
+            cause: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Why the lock was lost, for operators: the deadline passed, the store ended the session
+    /// (with its reason), the store refused an operation, the lock was released... `None`
+    /// while it is held.
+    pub fn loss_cause(&self) -> Option<String> {
+        if self.is_held() {
+            return None;
+        }
+        if let Some(cause) = self.cause.get() {
+            return Some((*cause).to_owned());
+        }
+        Some(self.lease.cause().unwrap_or_else(|| {
+            "the backend reported this lock gone (its entry was deleted behind its back)".into()
+        }))
     }
 
     /// The lock's name.
@@ -148,9 +166,17 @@ impl LockGuard {
     }
 
     /// True while the lease is live and the lock has not been reported lost. Checks the clock
-    /// directly, so a late timer task cannot make it lie.
+    /// directly, so a late timer task cannot make it lie; once false, it stays false (and `lost`
+    /// has fired).
     pub fn is_held(&self) -> bool {
-        !self.lost.is_cancelled() && self.lease.is_live()
+        if self.lost.is_cancelled() {
+            return false;
+        }
+        if !self.lease.is_live() {
+            self.lost.cancel();
+            return false;
+        }
+        true
     }
 
     /// The token, if the lock is still held: call it right before a mutation.
@@ -176,10 +202,20 @@ impl LockGuard {
     /// As cancel-safe as `work` itself.
     pub async fn run<F: Future>(&self, work: F) -> Result<F::Output> {
         self.ensure_held()?;
+        let mut work = std::pin::pin!(work);
+        // The clock is checked before every poll of `work`, not only through `lost`: after a
+        // pause the timer wakes the work and the deadline task together, and the work must not
+        // run first.
+        let checked = std::future::poll_fn(|cx| {
+            if !self.is_held() {
+                return std::task::Poll::Ready(Err(self.lost_error()));
+            }
+            work.as_mut().poll(cx).map(Ok)
+        });
         tokio::select! {
             biased;
             () = self.lost.cancelled() => Err(self.lost_error()),
-            out = work => Ok(out),
+            out = checked => out,
         }
     }
 
@@ -193,6 +229,7 @@ impl LockGuard {
     /// # Cancel safety
     /// If the future is dropped, the release goes on in the background as for `drop`.
     pub async fn release(mut self) -> Result<ReleaseOutcome> {
+        let _ = self.cause.set("released");
         self.lost.cancel();
         let Some(held) = self.held.take() else {
             return Ok(ReleaseOutcome::NotOwned);
@@ -288,6 +325,9 @@ impl LockGuard {
         let out = op(held).await;
         if matches!(&out, Err(e) if e.is_lost()) {
             tracing::warn!(backend = self.backend, lock = %self.name, token = %self.token, "store refused a fenced operation; lock lost");
+            let _ = self
+                .cause
+                .set("the store refused a fenced operation: the lock is no longer ours");
             self.lost.cancel();
         }
         out

@@ -21,7 +21,13 @@ pub struct LeaseClock {
     lost: CancellationToken,
     deadline: Mutex<Instant>,
     margin: Duration,
+    /// Why the lease was lost, for operators (the first reason given wins).
+    cause: Mutex<Option<String>>,
 }
+
+/// The cause when the deadline passed without a renewal.
+const DEADLINE_PASSED: &str = "the lease deadline passed without a successful renewal (the \
+                               store did not answer in time, or this process was paused)";
 
 impl LeaseClock {
     /// Starts a lease whose grant request was sent at `sent_at` with `ttl`, and spawns the task
@@ -51,6 +57,7 @@ impl LeaseClock {
             lost: CancellationToken::new(),
             deadline: Mutex::new(deadline_of(sent_at, ttl, margin)),
             margin,
+            cause: Mutex::new(None),
         });
         tokio::spawn(Arc::clone(&clock).watch_deadline());
         clock
@@ -67,20 +74,28 @@ impl LeaseClock {
             }
             if Instant::now() >= self.deadline() {
                 tracing::warn!("lease deadline passed without a successful renewal; lock(s) lost");
-                self.lost.cancel();
+                self.lose_because(DEADLINE_PASSED);
                 return;
             }
         }
     }
 
     /// Records a successful renewal whose request was sent at `sent_at` and granted `ttl`.
-    /// Never moves the deadline earlier, and does nothing once the lease is lost.
+    /// Never moves the deadline earlier, and does nothing once the lease is lost. A renewal
+    /// that arrives after the deadline has passed loses the lease instead: the holder already
+    /// had to assume it gone (and may have said so), and once lost stays lost.
     pub fn renewed(&self, sent_at: Instant, ttl: Duration) {
         if self.lost.is_cancelled() {
             return;
         }
         let candidate = deadline_of(sent_at, ttl, self.margin);
         let mut deadline = self.deadline.lock().unwrap_or_else(PoisonError::into_inner);
+        if Instant::now() >= *deadline {
+            drop(deadline);
+            tracing::warn!("a renewal arrived after the lease deadline; lock(s) lost");
+            self.lose_because(DEADLINE_PASSED);
+            return;
+        }
         if candidate > *deadline {
             *deadline = candidate;
         }
@@ -88,7 +103,28 @@ impl LeaseClock {
 
     /// Declares the lease gone (renewal refused, session expired, client closed).
     pub fn lose(&self) {
+        self.lose_because("the session ended");
+    }
+
+    /// Declares the lease gone, saying why (shown to operators by
+    /// [`LockGuard::loss_cause`](crate::LockGuard::loss_cause)); the first cause given is kept.
+    pub fn lose_because(&self, cause: impl Into<String>) {
+        {
+            let mut slot = self.cause.lock().unwrap_or_else(PoisonError::into_inner);
+            if slot.is_none() && !self.lost.is_cancelled() {
+                *slot = Some(cause.into());
+            }
+        }
         self.lost.cancel();
+    }
+
+    /// Why the lease was lost; `None` while it is live.
+    pub fn cause(&self) -> Option<String> {
+        if self.is_live() {
+            return None;
+        }
+        let cause = self.cause.lock().unwrap_or_else(PoisonError::into_inner);
+        Some(cause.clone().unwrap_or_else(|| DEADLINE_PASSED.to_owned()))
     }
 
     /// The local deadline: past it, the holder must assume the lock is gone.
@@ -115,6 +151,25 @@ fn deadline_of(sent_at: Instant, ttl: Duration, margin: Duration) -> Instant {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Review F9: the deadline task has not run yet (its runtime was blocked) when a renewal
+    /// arrives after the deadline: the lease is lost, not revived.
+    #[test]
+    fn a_renewal_after_the_deadline_does_not_revive_the_lease() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap_or_else(|e| panic!("{e}"));
+        runtime.block_on(async {
+            let ttl = Duration::from_millis(200);
+            let clock = LeaseClock::start(Instant::now(), ttl, Duration::from_millis(20));
+            std::thread::sleep(Duration::from_millis(250)); // blocks the deadline task
+            assert!(!clock.is_live());
+            clock.renewed(Instant::now(), ttl);
+            assert!(clock.lost_token().is_cancelled(), "once lost, stays lost");
+            assert!(!clock.is_live());
+        });
+    }
 
     #[tokio::test(start_paused = true)]
     async fn deadline_counts_from_send_time_minus_margin() {

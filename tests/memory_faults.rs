@@ -100,3 +100,31 @@ fn config_is_validated() {
         }
     ));
 }
+
+/// Review F10: after a pause that blocked the runtime past the deadline, `run` must not poll
+/// the work once more (letting it write) before the deadline task has fired `lost`.
+#[test]
+fn run_does_not_poll_the_work_past_the_deadline() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let ttl = Duration::from_millis(100);
+        let backend =
+            MemoryBackend::with_config(&MemoryStore::new(), MemoryConfig::with_ttl(ttl)).unwrap();
+        let guard = backend.lock("job").await.unwrap();
+        let mut wrote = false;
+        let outcome = guard
+            .run(async {
+                std::thread::sleep(ttl * 2); // a pause: nothing else runs meanwhile
+                tokio::task::yield_now().await;
+                wrote = true; // the write a stale holder must not make
+            })
+            .await;
+        assert!(outcome.is_err(), "run must report the loss");
+        assert!(!wrote, "the work was polled past the deadline");
+        assert!(!guard.is_held());
+        assert!(!guard.is_held(), "once lost, stays lost");
+    });
+}

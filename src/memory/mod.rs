@@ -214,7 +214,7 @@ async fn keep_alive(
                 session = id,
                 "memory backend: renewal refused, session expired"
             );
-            lease.lose();
+            lease.lose_because("the store expired the session");
             return;
         }
     }

@@ -63,6 +63,12 @@ pub async fn keep_renewed<R: Renew>(
             () = clock.lost_token().cancelled() => return,
             () = tokio::time::sleep_until(next) => {}
         }
+        if !clock.is_live() {
+            // Past the deadline (a starved runtime): a renewal now could only revive a lease
+            // the holder already had to give up.
+            clock.lose_because("the lease deadline passed before the next renewal could be sent");
+            return;
+        }
         let sent = Instant::now();
         let outcome = tokio::select! {
             () = clock.lost_token().cancelled() => return,
@@ -80,7 +86,7 @@ pub async fn keep_renewed<R: Renew>(
                     %why,
                     "session ended on the server; every lock of this session is lost"
                 );
-                clock.lose();
+                clock.lose_because(format!("the store ended the session: {why}"));
                 return;
             }
             Renewal::Failed(why) => {

@@ -12,7 +12,7 @@ use fencelock::{Error, FencingToken, LockBackend, LockGuard, LockName, LockStatu
 
 use crate::held::EtcdHeld;
 use crate::keys::Keys;
-use crate::mutex::{self, Unqueue};
+use crate::mutex::{self, Granted, Unqueue};
 use crate::session::Session;
 use crate::{call, EtcdConfig, KIND};
 
@@ -152,28 +152,50 @@ impl EtcdBackend {
                 .await
                 .ok_or_else(|| Error::lost(name))?
         };
+        let value = mutex::attempt_value();
         let enqueue = {
             // Handles, not clones: a `Client` by value would make every acquire future
             // (and this task) kilobytes larger, and moving them costs on the hot path.
-            let (client, keys, name, session) = (
+            let (client, keys, name, session, value) = (
                 Arc::clone(&self.client),
                 self.keys.clone(),
                 name.clone(),
                 Arc::clone(&session),
+                value.clone(),
             );
-            async move { mutex::enqueue(&client, &keys, &name, &session, limit).await }
+            async move { mutex::enqueue(&client, &keys, &name, &session, &value, limit).await }
         };
         let unqueue = Unqueue {
             client: Arc::clone(&self.client),
             session: Arc::clone(&session),
             key: self.keys.lock_key(name, session.lease),
+            value,
             limit,
             turn,
         };
         let mut pending = Enqueued::spawn(&session.withdrawals, name, enqueue, unqueue);
-        let queued = pending.reply().await?;
-        let checkpoint = if queued.owner {
-            queued.checkpoint.clone()
+        let queued = match pending.reply().await {
+            Ok(queued) => queued,
+            Err(e) => {
+                if crate::lease_gone(&e) {
+                    // Review F8: the next acquire must not wait for the keepalive (TTL/3) to
+                    // find out; `acquire` retries once on a new session.
+                    tracing::warn!(
+                        lease = format_args!("{:x}", session.lease),
+                        "etcd: the session's lease is gone; opening a new session"
+                    );
+                    session
+                        .clock
+                        .lose_because("the session's lease is gone (revoked or expired)");
+                }
+                return Err(e);
+            }
+        };
+        let granted = if queued.owner {
+            Granted {
+                token: queued.created,
+                checkpoint: queued.checkpoint.clone(),
+            }
         } else if try_once {
             return Err(Error::would_block(name)); // `pending` withdraws our key
         } else {
@@ -195,13 +217,15 @@ impl EtcdBackend {
                 "a granted acquire lost its queue entry",
             ));
         };
-        tracing::info!(lock = %name, token = queued.token, key = %queued.key, "etcd: acquired");
+        let token = FencingToken::new(granted.token.unsigned_abs());
+        tracing::info!(lock = %name, %token, key = %queued.key, created = queued.created, "etcd: acquired");
         let held = EtcdHeld {
             client: Arc::clone(&self.client),
             keys: self.keys.clone(),
             name: name.clone(),
             key: queued.key,
-            token: queued.token,
+            created: queued.created,
+            token,
             limit,
             ttl: self.config.ttl,
             _session: Arc::clone(&session),
@@ -210,9 +234,9 @@ impl EtcdBackend {
         Ok(Grant {
             backend: KIND,
             name: name.clone(),
-            token: FencingToken::new(queued.token.unsigned_abs()),
+            token,
             lease: Arc::clone(&session.clock),
-            checkpoint,
+            checkpoint: granted.checkpoint,
             held: Box::new(held),
         }
         .into_guard())
@@ -226,8 +250,15 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn acquire(&self, name: &LockName, wait: Wait) -> Result<LockGuard> {
-        wait.limit(name, self.acquire_once(name, wait == Wait::Try))
-            .await
+        let try_once = wait == Wait::Try;
+        wait.limit(name, async {
+            match self.acquire_once(name, try_once).await {
+                // The session was lost on the spot; one more try opens a new one.
+                Err(e) if crate::lease_gone(&e) => self.acquire_once(name, try_once).await,
+                outcome => outcome,
+            }
+        })
+        .await
     }
 
     async fn status(&self, name: &LockName) -> Result<LockStatus> {
@@ -242,13 +273,10 @@ impl LockBackend for EtcdBackend {
         let Some(holder) = resp.kvs().first() else {
             return Ok(LockStatus::new(name.clone(), None, 0, None));
         };
-        let age = std::str::from_utf8(holder.value())
-            .ok()
-            .and_then(|v| v.parse::<u128>().ok())
-            .map(|since| {
-                let ms = mutex::unix_millis().saturating_sub(since);
-                Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX))
-            });
+        let age = mutex::queued_at(holder.value()).map(|since| {
+            let ms = mutex::unix_millis().saturating_sub(since);
+            Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX))
+        });
         Ok(LockStatus::new(
             name.clone(),
             Some(FencingToken::new(holder.create_revision().unsigned_abs())),
@@ -315,6 +343,57 @@ mod tests {
         let guard = backend.acquire(&name, Wait::Try).await.unwrap();
         drop(guard);
     }
+
+    /// Review F2: a withdrawal of an earlier attempt that lands late (a retry after a timeout
+    /// that the server still applied) must not delete this instance's next grant, whose key has
+    /// the same name on the same lease. It compares the earlier key's create revision, or, when
+    /// the enqueue's reply never came, the earlier attempt's value.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_late_withdrawal_cannot_delete_the_next_grant() {
+        use fencelock::raw::Withdraw;
+        let (cluster, b) = single_node_backend().await;
+        let config = EtcdConfig::new(cluster.endpoints()).prefix(b.config().prefix.clone());
+        let a = EtcdBackend::connect(config.clone()).await.unwrap();
+        let c = EtcdBackend::connect(config).await.unwrap();
+        let name = LockName::new("job").unwrap();
+        let held = a.acquire(&name, Wait::Try).await.unwrap();
+
+        // Attempt N of b: queued behind a, then withdrawn (cancelled).
+        let session = b.session().await.unwrap();
+        let value = mutex::attempt_value();
+        let queued = mutex::enqueue(&b.client, &b.keys, &name, &session, &value, LIMIT)
+            .await
+            .unwrap();
+        assert!(!queued.owner);
+        let turn = Arc::new(tokio::sync::Mutex::new(())).lock_owned().await;
+        let mut late = Unqueue {
+            client: Arc::clone(&b.client),
+            session: Arc::clone(&session),
+            key: b.keys.lock_key(&name, session.lease),
+            value,
+            limit: LIMIT,
+            turn,
+        };
+        late.withdraw(Some(&queued)).await.unwrap();
+
+        // Attempt N+1 is granted; the same key name on the same lease.
+        let _ = held.release().await.unwrap();
+        let granted = b.acquire(&name, Wait::Try).await.unwrap();
+        // Attempt N's withdrawal lands again, late, with and without its reply.
+        late.withdraw(Some(&queued)).await.unwrap();
+        late.withdraw(None).await.unwrap();
+        granted.fenced_put("still", "mine").await.unwrap();
+        assert!(
+            matches!(
+                c.acquire(&name, Wait::Try).await,
+                Err(Error::WouldBlock { .. })
+            ),
+            "the grant's key must survive a late withdrawal"
+        );
+        let _ = granted.release().await.unwrap();
+    }
+
+    const LIMIT: Duration = Duration::from_secs(5);
 
     /// Every acquire's future is boxed (async-trait) and moved; at 15 KB (a `Client` by value,
     /// the contended path and the session grant inline) that copy showed in profiles.

@@ -13,7 +13,7 @@ use crate::keys::Keys;
 use crate::mutex::{attempt_limit, delete_if_created, release_key, txn_call};
 use crate::session::Session;
 
-/// Every operation is one Txn conditioned on `create_revision(our key) == token`: true exactly
+/// Every operation is one Txn conditioned on `create_revision(our key) == created`: true exactly
 /// while our key, from this acquisition, exists, which is exactly while we hold the lock (keys
 /// created later cannot get ahead of ours).
 pub(crate) struct EtcdHeld {
@@ -21,7 +21,10 @@ pub(crate) struct EtcdHeld {
     pub(crate) keys: Keys,
     pub(crate) name: LockName,
     pub(crate) key: String,
-    pub(crate) token: i64,
+    /// Our key's create revision, which every request compares.
+    pub(crate) created: i64,
+    /// The grant's fencing token (the revision of the grant; see `mutex::Granted`).
+    pub(crate) token: FencingToken,
     pub(crate) limit: Duration,
     pub(crate) ttl: Duration,
     /// Keeps the session (and its lease) alive while the guard lives.
@@ -38,7 +41,7 @@ impl EtcdHeld {
         let (client, key, token, session) = (
             Arc::clone(&self.client),
             self.key.clone(),
-            self.token,
+            self.created,
             Arc::clone(&self._session),
         );
         let attempt = attempt_limit(self.limit, self.ttl);
@@ -58,15 +61,12 @@ impl EtcdHeld {
             .when([Compare::create_revision(
                 self.key.as_str(),
                 CompareOp::Equal,
-                self.token,
+                self.created,
             )])
             .and_then([op]);
         let resp = txn_call(what, &self.client, txn, self.limit).await?;
         if !resp.succeeded() {
-            return Err(Error::not_held(
-                &self.name,
-                FencingToken::new(self.token.unsigned_abs()),
-            ));
+            return Err(Error::not_held(&self.name, self.token));
         }
         Ok(resp.op_responses().into_iter().next())
     }
@@ -86,14 +86,14 @@ impl HeldLock for EtcdHeld {
     async fn release(&self) -> Result<ReleaseOutcome> {
         let attempt = attempt_limit(self.limit, self.ttl);
         let released =
-            match release_key(&self.client, &self.key, self.token, attempt, self.limit).await {
+            match release_key(&self.client, &self.key, self.created, attempt, self.limit).await {
                 Ok(released) => released,
                 Err(e) => {
                     self.keep_releasing();
                     return Err(e);
                 }
             };
-        tracing::info!(lock = %self.name, token = self.token, released, "etcd: release");
+        tracing::info!(lock = %self.name, token = %self.token, released, "etcd: release");
         Ok(if released {
             ReleaseOutcome::Released
         } else {

@@ -90,6 +90,12 @@ pub(crate) async fn call<T>(
     }
 }
 
+/// True when etcd refused a request because our session's lease no longer exists (revoked
+/// behind our back, or expired before the keepalive noticed).
+pub(crate) fn lease_gone(e: &fencelock::Error) -> bool {
+    std::error::Error::source(e).is_some_and(|s| s.to_string().contains("lease not found"))
+}
+
 /// Classifies an etcd-client error by what the caller can do about it.
 pub(crate) fn etcd_error(what: &str, e: etcd_client::Error) -> fencelock::Error {
     use fencelock::StoreFailure::{Protocol, Unauthorized, Unavailable};

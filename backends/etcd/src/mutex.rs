@@ -20,17 +20,31 @@ use crate::session::Session;
 #[derive(Debug)]
 pub(crate) struct Queued {
     pub(crate) key: String,
-    pub(crate) token: i64,
+    /// Our key's create revision: what every later request compares to know it is still ours.
+    pub(crate) created: i64,
     pub(crate) owner: bool,
     pub(crate) checkpoint: Option<Vec<u8>>,
 }
 
-/// Puts our key in the queue; tells whether we already own the lock.
+/// A granted acquire: the token is the revision at which the grant was seen, which is what
+/// `etcdctl lock` exports (`Mutex.Header().Revision`). A waiter's key was created long before
+/// its turn, so its create revision can be lower than the token of a holder that queued later
+/// and was granted first through another client; the grant revision cannot: it is above the
+/// revision at which the predecessor's key was deleted, and so above the predecessor's token.
+#[derive(Debug)]
+pub(crate) struct Granted {
+    pub(crate) token: i64,
+    pub(crate) checkpoint: Option<Vec<u8>>,
+}
+
+/// Puts our key in the queue, with `value` (unique to this attempt); tells whether we already
+/// own the lock.
 pub(crate) async fn enqueue(
     client: &Client,
     keys: &Keys,
     name: &LockName,
     session: &Session,
+    value: &str,
     limit: Duration,
 ) -> Result<Queued> {
     let key = keys.lock_key(name, session.lease);
@@ -43,7 +57,7 @@ pub(crate) async fn enqueue(
             .and_then([
                 TxnOp::put(
                     key.as_str(),
-                    unix_millis().to_string(),
+                    value,
                     Some(PutOptions::new().with_lease(session.lease)),
                 ),
                 TxnOp::get(prefix.as_str(), Some(first_created())),
@@ -59,13 +73,25 @@ pub(crate) async fn enqueue(
             }
             continue;
         }
-        let token = resp.header().map_or(0, |h| h.revision());
-        let owner = first_kv(&resp, 1).is_none_or(|(rev, _)| rev == token);
+        // Fail closed: a reply without its revision or its owner Range grants nothing.
+        let created = revision(&resp, "enqueue for the lock")?;
+        let owner = match resp.op_responses().into_iter().nth(1) {
+            Some(TxnOpResponse::Get(range)) => range.kvs().first().map(|kv| kv.create_revision()),
+            _ => None,
+        };
+        let Some(owner) = owner else {
+            return Err(Error::protocol(
+                crate::KIND,
+                format!(
+                    "enqueue for lock `{name}`: the reply has no owner key (ours was just put)"
+                ),
+            ));
+        };
         let checkpoint = first_kv(&resp, 2).map(|(_, value)| value);
         return Ok(Queued {
             key,
-            token,
-            owner,
+            created,
+            owner: owner == created,
             checkpoint,
         });
     }
@@ -89,13 +115,13 @@ pub(crate) async fn wait_for_turn(
     queued: &Queued,
     session: &Session,
     limit: Duration,
-) -> Result<Option<Vec<u8>>> {
+) -> Result<Granted> {
     let prefix = keys.lock_prefix(name);
     let older = GetOptions::new()
         .with_prefix()
         .with_sort(SortTarget::Create, SortOrder::Descend)
         .with_limit(1)
-        .with_max_create_revision(queued.token - 1);
+        .with_max_create_revision(queued.created - 1);
     let checkpoint = keys.state_key(name, &StateKey::checkpoint());
     // Each pass waits out one predecessor; a failed request is retried after a pause, and the
     // session's end (at most one TTL after the cluster stops answering) ends the loop.
@@ -107,7 +133,7 @@ pub(crate) async fn wait_for_turn(
             .when([Compare::create_revision(
                 queued.key.as_str(),
                 CompareOp::Equal,
-                queued.token,
+                queued.created,
             )])
             .and_then([
                 TxnOp::get(prefix.as_str(), Some(older.clone())),
@@ -138,7 +164,10 @@ pub(crate) async fn wait_for_turn(
             }
         };
         let Some((key, created)) = predecessor else {
-            return Ok(first_kv(&resp, 1).map(|(_, value)| value));
+            return Ok(Granted {
+                token: revision(&resp, "look for older contenders")?,
+                checkpoint: first_kv(&resp, 1).map(|(_, value)| value),
+            });
         };
         tokio::select! {
             watched = watch_delete(client, key, created) => {
@@ -229,6 +258,8 @@ pub(crate) struct Unqueue {
     pub(crate) client: std::sync::Arc<Client>,
     pub(crate) session: std::sync::Arc<Session>,
     pub(crate) key: String,
+    /// The value this attempt's enqueue writes ([`attempt_value`]).
+    pub(crate) value: String,
     pub(crate) limit: Duration,
     pub(crate) turn: OwnedMutexGuard<()>,
 }
@@ -237,8 +268,10 @@ impl Withdraw<Queued> for Unqueue {
     async fn withdraw(&mut self, first: Option<&Queued>) -> Result<()> {
         let key = self.key.as_str();
         let compare = match first {
-            Some(queued) => Compare::create_revision(key, CompareOp::Equal, queued.token),
-            None => Compare::lease(key, CompareOp::Equal, self.session.lease),
+            Some(queued) => Compare::create_revision(key, CompareOp::Equal, queued.created),
+            // The value is unique to this attempt: a retry of this withdrawal that lands late
+            // cannot delete a later key of ours (the lease would match that one too).
+            None => Compare::value(key, CompareOp::Equal, self.value.as_str()),
         };
         let txn = Txn::new()
             .when([compare])
@@ -334,7 +367,30 @@ pub(crate) fn first_kv(resp: &TxnResponse, i: usize) -> Option<(i64, Vec<u8>)> {
     }
 }
 
-/// Written as our key's value: when we queued, for `status` (Go's Mutex and etcdctl ignore it).
+/// The revision in a Txn's header.
+fn revision(resp: &TxnResponse, what: &str) -> Result<i64> {
+    resp.header()
+        .map(|h| h.revision())
+        .filter(|r| *r > 0)
+        .ok_or_else(|| Error::protocol(crate::KIND, format!("{what}: the reply has no revision")))
+}
+
+/// Our key's value: `<unix millis>-<nonce>`. The millis say when we queued, for `status`; the
+/// nonce makes the value unique to this attempt, for a withdrawal that does not know the key's
+/// create revision. Go's Mutex and etcdctl ignore it.
+pub(crate) fn attempt_value() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut nonce = std::collections::hash_map::RandomState::new().build_hasher();
+    nonce.write_u128(unix_millis());
+    format!("{}-{:016x}", unix_millis(), nonce.finish())
+}
+
+/// The millis part of a value written by [`attempt_value`] (or by older versions: millis only).
+pub(crate) fn queued_at(value: &[u8]) -> Option<u128> {
+    let text = std::str::from_utf8(value).ok()?;
+    text.split('-').next()?.parse().ok()
+}
+
 pub(crate) fn unix_millis() -> u128 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use fencelock::LockBackendExt;
+use fencelock::{LockBackend, LockBackendExt};
 use fencelock_etcd::EtcdBackend;
 use fencelock_testsupport::{unique, EtcdCluster, ProxyMode, TcpProxy};
 use tokio::time::Instant;
@@ -165,4 +165,106 @@ impl Drop for Inside<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
     }
+}
+
+/// Review F1: B's `lock_timeout` times out while its link is black-holed, so its withdrawal
+/// cannot reach etcd then, but its session outlives the cut. Before the shared `Enqueued`, the
+/// one withdrawal attempt failed and B's key stayed queued on a live lease: every later
+/// contender waited forever. Now the withdrawal is retried until etcd answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timed_out_acquire_whose_withdrawal_fails_leaves_nothing_behind() {
+    let cluster = EtcdCluster::start(1);
+    let proxy = TcpProxy::start(format!("127.0.0.1:{}", cluster.members[0].client_port)).await;
+    let prefix = format!("{}/", unique("withdraw"));
+    let direct = || EtcdBackend::connect(common::config(cluster.endpoints(), &prefix));
+    let (a, c) = (direct().await.unwrap(), direct().await.unwrap());
+    let mut config = common::config(vec![proxy.endpoint()], &prefix).ttl(Duration::from_secs(10));
+    config.request_timeout = Duration::from_secs(1);
+    let b = Arc::new(EtcdBackend::connect(config).await.unwrap());
+
+    let held = a.lock("job").await.unwrap();
+    let start = Instant::now();
+    let waiting = {
+        let b = Arc::clone(&b);
+        tokio::spawn(async move { b.lock_timeout("job", Duration::from_secs(2)).await })
+    };
+    tokio::time::sleep_until(start + Duration::from_millis(1500)).await;
+    proxy.set_mode(ProxyMode::BlackHole);
+    let timed_out = bounded("b's timeout", waiting).await.unwrap();
+    assert!(
+        matches!(timed_out, Err(fencelock::Error::Timeout { .. })),
+        "{timed_out:?}"
+    );
+    tokio::time::sleep_until(start + Duration::from_millis(4500)).await;
+    proxy.set_mode(ProxyMode::Forward);
+    assert!(b.lease_id().await.is_some(), "b's session outlived the cut");
+
+    let _ = held.release().await.unwrap();
+    let next = c.lock_timeout("job", Duration::from_secs(8)).await;
+    assert!(
+        next.is_ok(),
+        "c must get the lock: b's cancelled acquire left its key behind: {next:?}"
+    );
+    let status = c
+        .status(&fencelock::LockName::new("job").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(status.waiting, 0, "nothing of b queued: {status:?}");
+}
+
+/// Issue 13.4 (the etcd#11456 class): a waiter whose own lease is revoked while it waits fails
+/// with `LockLost` and is never granted, and leaves nothing behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_lease_is_revoked_is_never_granted() {
+    let factory = common::EtcdFactory::on(common::shared_single()).await;
+    let connect =
+        || EtcdBackend::connect(common::config(factory.endpoints.clone(), &factory.prefix));
+    let (a, b, c) = (
+        connect().await.unwrap(),
+        Arc::new(connect().await.unwrap()),
+        connect().await.unwrap(),
+    );
+    let held = a.lock("job").await.unwrap();
+    let _ = b.lock("warm").await.unwrap().release().await.unwrap();
+    let waiting = {
+        let b = Arc::clone(&b);
+        tokio::spawn(async move { b.lock("job").await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let lease = b.lease_id().await.unwrap();
+    common::shared_single()
+        .etcdctl(&["lease", "revoke", &format!("{lease:x}")])
+        .unwrap();
+    let _ = held.release().await.unwrap();
+    let outcome = bounded("the revoked waiter", waiting).await.unwrap();
+    assert!(
+        matches!(outcome, Err(fencelock::Error::LockLost { .. })),
+        "a waiter without a lease must not be granted: {:?}",
+        outcome.map(|g| g.token())
+    );
+    let next = c.try_lock("job").await;
+    assert!(next.is_ok(), "nothing left behind: {next:?}");
+}
+
+/// Review F8: the session's lease is revoked behind its back; the next acquire opens a new
+/// session at once instead of failing until the keepalive notices (up to TTL/3 later).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_after_a_revoke_behind_our_back_opens_a_new_session() {
+    let factory = common::EtcdFactory::on(common::shared_single()).await;
+    let mut config = common::config(factory.endpoints.clone(), &factory.prefix);
+    config.ttl = Duration::from_secs(30); // the keepalive would not notice for 10 s
+    config.safety_margin = Duration::from_secs(1);
+    let backend = EtcdBackend::connect(config).await.unwrap();
+    let _ = backend.lock("warm").await.unwrap().release().await.unwrap();
+    let old = backend.lease_id().await.unwrap();
+    common::shared_single()
+        .etcdctl(&["lease", "revoke", &format!("{old:x}")])
+        .unwrap();
+    let guard = backend.try_lock("job").await;
+    assert!(
+        guard.is_ok(),
+        "a revoked lease must be replaced at once: {guard:?}"
+    );
+    let new = backend.lease_id().await.unwrap();
+    assert_ne!(new, old);
 }

@@ -123,3 +123,79 @@ async fn fencelock_waits_for_etcdctl_and_gets_a_greater_token() {
     let _ = child.wait().await;
     assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
 }
+
+/// A mixed fleet on one lock: two fencelock instances and two `etcdctl lock` loops take turns,
+/// and every critical section appends its token to one log. A resource fencing on max(token)
+/// needs those tokens strictly increasing in section (grant) order, whoever holds. etcdctl
+/// exports `Mutex.Header().Revision` at the grant, so fencelock's token must be the revision
+/// of its grant too, not its key's create revision (which a waiter got long before its turn).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_increase_in_grant_order_across_fencelock_and_etcdctl() {
+    const ROUNDS: usize = 15;
+    let factory = common::EtcdFactory::on(common::shared_single()).await;
+    let lock_name = format!("{}mixed", factory.prefix);
+    let log = fencelock_testsupport::tmp_root().join(fencelock_testsupport::unique("mixed-log"));
+    std::fs::write(&log, "").unwrap();
+    let mut tasks = Vec::new();
+    for who in ["etcdctl-1", "etcdctl-2"] {
+        let script = format!(
+            "for i in $(seq {ROUNDS}); do etcdctl --endpoints={} lock --ttl 5 {lock_name} -- \
+             sh -c 'echo {who} $ETCD_LOCK_REV >> {}; sleep 0.02' || exit 1; done",
+            factory.endpoints.join(","),
+            log.display()
+        );
+        let mut child = Command::new("sh");
+        child
+            .args(["-c", &script])
+            .env("ETCDCTL_API", "3")
+            .stdin(Stdio::null())
+            .kill_on_drop(true);
+        tasks.push(tokio::spawn(async move {
+            let status = child.status().await.unwrap();
+            assert!(status.success(), "the etcdctl loop failed: {status}");
+        }));
+    }
+    for who in ["fencelock-1", "fencelock-2"] {
+        let backend =
+            EtcdBackend::connect(common::config(factory.endpoints.clone(), &factory.prefix))
+                .await
+                .unwrap();
+        let log = log.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..ROUNDS {
+                let guard = backend.lock("mixed").await.unwrap();
+                let line = format!("{who} {}\n", guard.token());
+                let mut file = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+                std::io::Write::write_all(&mut file, line.as_bytes()).unwrap();
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                let _ = guard.release().await.unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        tokio::time::timeout(Duration::from_secs(120), task)
+            .await
+            .expect("every contender finishes")
+            .unwrap();
+    }
+    let text = std::fs::read_to_string(&log).unwrap();
+    let sections: Vec<(&str, u64)> = text
+        .lines()
+        .map(|l| {
+            let (who, token) = l.split_once(' ').unwrap();
+            (who, token.trim().parse().unwrap())
+        })
+        .collect();
+    assert_eq!(sections.len(), 4 * ROUNDS, "{text}");
+    let backwards: Vec<_> = sections
+        .windows(2)
+        .filter(|w| w[1].1 <= w[0].1)
+        .map(|w| format!("{} {} then {} {}", w[0].0, w[0].1, w[1].0, w[1].1))
+        .collect();
+    assert!(
+        backwards.is_empty(),
+        "tokens went backwards {} times in {} sections: {backwards:?}",
+        backwards.len(),
+        sections.len()
+    );
+}

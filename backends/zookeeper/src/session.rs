@@ -209,7 +209,9 @@ async fn monitor(session: std::sync::Weak<ZkSession>) {
                     ?state,
                     "zookeeper: session over; every lock of this session is lost"
                 );
-                session.clock.lose();
+                session
+                    .clock
+                    .lose_because(format!("the ZooKeeper session ended ({state:?})"));
                 return;
             }
             SessionState::Disconnected => disconnected = true,

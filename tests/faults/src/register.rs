@@ -117,10 +117,20 @@ impl Register {
             Some("ACQUIRED") => (Kind::Acquired, "OK".to_owned()),
             Some("LOST") => (Kind::Lost, "OK".to_owned()),
             Some("RELEASED") => (Kind::Released, "OK".to_owned()),
-            Some("READ") => (
-                Kind::Read,
-                format!("VALUE {} {}", state.value, state.version),
-            ),
+            Some("READ") => {
+                // A read-modify-write is fenced at its read too: the new holder's read raises the
+                // high-water mark, so a stale holder that wakes between that read and the new
+                // holder's first write is refused. A write-only fence admits that write (seen
+                // once in the seeded mix: a pause ended by chance inside the successor's first
+                // step), and the successor's write then overwrites it: a lost update.
+                if let Some(fence) = &state.fence {
+                    let _ = fence.admit("register", FencingToken::new(token));
+                }
+                (
+                    Kind::Read,
+                    format!("VALUE {} {}", state.value, state.version),
+                )
+            }
             Some("WRITE") => {
                 let (value, read_version) = (number(3), number(4));
                 let accepted = match &state.fence {
