@@ -1,9 +1,12 @@
 //! `fencelock`: run a command under a fenced distributed lock, inspect locks, see the demo.
 #![forbid(unsafe_code)]
 
+mod child;
 mod demo;
 mod exit;
+mod logging;
 mod run;
+mod terminal;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -15,14 +18,16 @@ use fencelock::{LockName, Wait};
 #[derive(Parser, Debug)]
 #[command(name = "fencelock", version, after_help = exit::HELP)]
 struct Cli {
-    /// Backend URL: etcd://host:2379/prefix, etcds://..., zk://host:2181/base, mem://
-    #[arg(
-        long,
-        global = true,
-        env = "FENCELOCK_BACKEND",
-        default_value = "mem://"
-    )]
-    backend: String,
+    /// Backend URL: etcd://host:2379/prefix, etcds://..., zk://host:2181/base; mem:// excludes
+    /// only within one process. Needed by run, status and list.
+    #[arg(long, global = true, env = "FENCELOCK_BACKEND", hide_env_values = true)]
+    backend: Option<String>,
+    /// More log lines on stderr: -v info, -vv debug (FENCELOCK_LOG or RUST_LOG set a filter).
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+    /// Only errors on stderr (for cron).
+    #[arg(short, long, global = true, conflicts_with = "verbose")]
+    quiet: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -30,6 +35,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Wait for lock NAME, run CMD while holding it, stop CMD if the lock is lost.
+    #[command(after_help = exit::RUN_HELP)]
     Run {
         /// The lock's name.
         name: String,
@@ -43,10 +49,11 @@ enum Command {
         #[arg(long, value_parser = parse_duration, default_value = "5s")]
         grace: Duration,
         /// The command and its arguments (after `--`).
-        #[arg(required = true, last = true)]
+        #[arg(required = true, last = true, value_name = "CMD")]
         command: Vec<String>,
     },
     /// Show who holds lock NAME and how many wait.
+    #[command(after_help = exit::HELP)]
     Status {
         /// The lock's name.
         name: String,
@@ -55,6 +62,7 @@ enum Command {
         json: bool,
     },
     /// List locks that are held or waited for.
+    #[command(after_help = exit::HELP)]
     List {
         /// Only names starting with this.
         #[arg(default_value = "")]
@@ -71,6 +79,27 @@ enum Command {
         /// The lock's name.
         name: String,
     },
+    /// (internal) Becomes CMD after arranging to die with fencelock (`run` starts it).
+    #[command(hide = true)]
+    ExecChild {
+        /// fencelock's process id: if it is already gone, CMD is not started.
+        parent: u32,
+        /// CMD and its arguments.
+        #[arg(required = true, last = true)]
+        command: Vec<String>,
+    },
+}
+
+/// The backend URL `run`, `status` and `list` need, or exit 64 saying how to name one.
+fn required(backend: Option<&str>) -> Result<&str, u8> {
+    backend.ok_or_else(|| {
+        eprintln!(
+            "fencelock: no backend named: pass --backend URL or set FENCELOCK_BACKEND, e.g. \
+             etcd://127.0.0.1:2379/fencelock or zk://127.0.0.1:2181/fencelock (mem:// excludes \
+             only within one process)"
+        );
+        exit::USAGE
+    })
 }
 
 fn parse_duration(value: &str) -> Result<Duration, String> {
@@ -89,6 +118,11 @@ fn main() -> ExitCode {
             };
         }
     };
+    if let Command::ExecChild { parent, command } = &cli.command {
+        // Before any runtime or thread: this process only arranges its death and execs CMD.
+        return ExitCode::from(child::exec(*parent, command));
+    }
+    logging::init(cli.verbose, cli.quiet);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -121,17 +155,27 @@ async fn dispatch(cli: Cli) -> u8 {
                 (false, Some(limit)) => Wait::Timeout(limit),
                 (false, None) => Wait::Forever,
             };
-            run::run(&cli.backend, &name, wait, grace, &command).await
+            match required(cli.backend.as_deref()) {
+                Ok(url) => run::run(url, &name, wait, grace, &command).await,
+                Err(code) => code,
+            }
         }
-        Command::Status { name: raw, json } => match name(&raw) {
-            Ok(name) => run::status(&cli.backend, &name, json).await,
+        Command::Status { name: raw, json } => {
+            match (name(&raw), required(cli.backend.as_deref())) {
+                (Ok(name), Ok(url)) => run::status(url, &name, json).await,
+                (Err(code), _) | (_, Err(code)) => code,
+            }
+        }
+        Command::List { prefix, json } => match required(cli.backend.as_deref()) {
+            Ok(url) => run::list(url, &prefix, json).await,
             Err(code) => code,
         },
-        Command::List { prefix, json } => run::list(&cli.backend, &prefix, json).await,
-        Command::Demo => demo::demo(&cli.backend).await,
+        // The demo is the one command that runs in memory by default: it shows a lease alone.
+        Command::Demo => demo::demo(cli.backend.as_deref().unwrap_or("mem://")).await,
         Command::DemoWorker { name: raw } => match name(&raw) {
-            Ok(name) => demo::worker(&cli.backend, &name).await,
+            Ok(name) => demo::worker(cli.backend.as_deref().unwrap_or("mem://"), &name).await,
             Err(code) => code,
         },
+        Command::ExecChild { .. } => exit::SOFTWARE, // handled in `main`
     }
 }

@@ -4,14 +4,54 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fencelock::{LockBackend, LockName, Wait};
+use fencelock::{LockBackend, LockName, ReleaseOutcome, Wait};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tokio::process::Command;
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::signal::unix::SignalKind;
 use tokio::time::Instant;
 
 use crate::exit;
+use crate::logging::say;
+
+/// The signals `run` passes on to CMD (and that end a wait before CMD starts).
+const FORWARDED: [(SignalKind, Signal); 4] = [
+    (SignalKind::interrupt(), Signal::SIGINT),
+    (SignalKind::terminate(), Signal::SIGTERM),
+    (SignalKind::hangup(), Signal::SIGHUP),
+    (SignalKind::quit(), Signal::SIGQUIT),
+];
+
+/// Listens for the [`FORWARDED`] signals.
+struct Signals(Vec<(tokio::signal::unix::Signal, Signal)>);
+
+impl Signals {
+    fn listen() -> std::io::Result<Self> {
+        FORWARDED
+            .iter()
+            .map(|(kind, signal)| Ok((tokio::signal::unix::signal(*kind)?, *signal)))
+            .collect::<std::io::Result<_>>()
+            .map(Signals)
+    }
+
+    /// The next forwarded signal to arrive.
+    async fn next(&mut self) -> Signal {
+        let waits = self.0.iter_mut().map(|(listener, signal)| {
+            let signal = *signal;
+            Box::pin(async move {
+                listener.recv().await;
+                signal
+            })
+        });
+        futures::future::select_all(waits).await.0
+    }
+
+    /// A signal that already arrived, if any, without waiting.
+    fn pending(&mut self) -> Option<Signal> {
+        use futures::FutureExt;
+        self.next().now_or_never()
+    }
+}
 
 async fn connect(url: &str) -> Result<Arc<dyn LockBackend>, u8> {
     fencelock_connect::connect(url)
@@ -37,19 +77,22 @@ pub async fn run(
         Ok(backend) => backend,
         Err(code) => return code,
     };
-    let (Some(program), args) = (command.first(), command.get(1..).unwrap_or_default()) else {
+    let Some(program) = command.first() else {
         eprintln!("fencelock: no command given after --");
         return exit::USAGE;
     };
+    if backend.kind() == "memory" {
+        eprintln!(
+            "fencelock: warning: mem:// excludes nothing across processes: another `fencelock \
+             run` elsewhere takes the same lock at the same time. Use etcd:// or zk://"
+        );
+    }
     // Listen before acquiring, so that a signal while waiting is ours to handle.
-    let (Ok(mut interrupt), Ok(mut terminate)) = (
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::terminate()),
-    ) else {
+    let Ok(mut signals) = Signals::listen() else {
         eprintln!("fencelock: cannot install signal handlers");
         return exit::SOFTWARE;
     };
-    eprintln!(
+    say!(
         "fencelock: waiting for lock `{name}` on {}",
         fencelock_connect::redact(url)
     );
@@ -58,13 +101,27 @@ pub async fn run(
             Ok(guard) => guard,
             Err(e) => return exit::report(&e),
         },
-        _ = interrupt.recv() => return 128 + Signal::SIGINT as u8,
-        _ = terminate.recv() => return 128 + Signal::SIGTERM as u8,
+        signal = signals.next() => return 128 + signal as u8,
     };
+    // A signal that came while the grant was on its way: CMD must not start.
+    if let Some(signal) = signals.pending() {
+        say!("fencelock: got {signal} as the lock was granted; not starting {program}");
+        let _ = guard.release().await;
+        return 128 + signal as u8;
+    }
     let token = guard.token();
-    eprintln!("fencelock: acquired `{name}` with token {token}; running {program}");
-    let child = Command::new(program)
-        .args(args)
+    say!("fencelock: acquired `{name}` with token {token}; running {program}");
+    let Ok(me) = std::env::current_exe() else {
+        eprintln!("fencelock: cannot find its own executable to start {program}");
+        let _ = guard.release().await;
+        return exit::SOFTWARE;
+    };
+    // CMD is started through `fencelock exec-child`, which makes it die with this process.
+    let child = Command::new(me)
+        .arg("exec-child")
+        .arg(std::process::id().to_string())
+        .arg("--")
+        .args(command)
         .env("FENCELOCK_TOKEN", token.to_string())
         .env("FENCELOCK_NAME", name.as_str())
         .env("FENCELOCK_BACKEND", fencelock_connect::redact(url))
@@ -81,6 +138,7 @@ pub async fn run(
         }
     };
     let pgid = child.id();
+    let foreground = crate::terminal::Foreground::hand_to(pgid);
     let mut lost_at: Option<Instant> = None;
     let mut killed = false;
     // Each pass handles one event; the loop ends when CMD exits, which SIGKILL forces at the
@@ -90,7 +148,8 @@ pub async fn run(
         tokio::select! {
             status = child.wait() => break status,
             () = guard.lost(), if lost_at.is_none() => {
-                eprintln!("fencelock: LOST lock `{name}` (token {token}); sending SIGTERM to {program}");
+                let cause = guard.loss_cause().unwrap_or_else(|| "unknown".into());
+                eprintln!("fencelock: LOST lock `{name}` (token {token}): {cause}; sending SIGTERM to {program}");
                 signal_group(pgid, Signal::SIGTERM);
                 lost_at = Some(Instant::now());
             }
@@ -99,14 +158,17 @@ pub async fn run(
                 signal_group(pgid, Signal::SIGKILL);
                 killed = true;
             }
-            _ = interrupt.recv() => signal_group(pgid, Signal::SIGINT),
-            _ = terminate.recv() => signal_group(pgid, Signal::SIGTERM),
+            signal = signals.next() => signal_group(pgid, signal),
         }
     };
+    drop(foreground);
     // Whatever CMD left in its group goes with it.
     signal_group(pgid, Signal::SIGKILL);
     match guard.release().await {
-        Ok(outcome) => eprintln!("fencelock: released `{name}`: {outcome:?}"),
+        Ok(ReleaseOutcome::Released) => say!("fencelock: released `{name}`"),
+        Ok(ReleaseOutcome::NotOwned) => {
+            say!("fencelock: `{name}` was no longer ours at release; nothing deleted")
+        }
         Err(e) => {
             eprintln!("fencelock: release of `{name}` failed ({e}); the lock ends with its lease")
         }

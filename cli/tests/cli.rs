@@ -218,12 +218,17 @@ async fn a_cut_off_zookeeper_client_stops_the_command() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn signals_are_forwarded_and_the_lock_released_after() {
-    for url in [etcd_url(), zk_url()] {
+    for (url, signal) in [
+        (etcd_url(), "TERM"),
+        (zk_url(), "TERM"),
+        (etcd_url(), "HUP"),
+        (etcd_url(), "QUIT"),
+    ] {
         let dir = tmp_root().join(unique("sig"));
         std::fs::create_dir_all(&dir).unwrap();
         let started = dir.join("started");
         let script = format!(
-            "trap 'exit 7' TERM; echo go > {}; sleep 60 & wait",
+            "trap 'exit 7' {signal}; echo go > {}; sleep 60 & wait",
             started.display()
         );
         let child = fencelock(&url, &["run", "job", "--", "sh", "-c", &script])
@@ -232,7 +237,7 @@ async fn signals_are_forwarded_and_the_lock_released_after() {
         wait_for_file(&started).await;
         let pid = child.id().unwrap().to_string();
         std::process::Command::new("kill")
-            .args(["-TERM", &pid])
+            .args([&format!("-{signal}"), &pid])
             .status()
             .unwrap();
         assert_eq!(
@@ -276,6 +281,108 @@ async fn bad_input_exit_codes() {
     assert_eq!(out.status.code(), Some(69), "{}", text(&out.stderr));
 }
 
+/// A `fencelock` with no backend configured at all.
+fn bare(args: &[&str]) -> Command {
+    let mut cmd = Command::new(BIN);
+    cmd.env_remove("FENCELOCK_BACKEND")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_backend_run_status_and_list_refuse_and_mem_warns() {
+    for args in [
+        &["run", "job", "--", "true"][..],
+        &["status", "job"],
+        &["list"],
+    ] {
+        let out = bare(args).output().await.unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(64),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        assert!(
+            text(&out.stderr).contains("--backend"),
+            "{}",
+            text(&out.stderr)
+        );
+    }
+    let out = output("mem://", &["run", "job", "--", "true"]).await;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("excludes nothing across processes"),
+        "{}",
+        text(&out.stderr)
+    );
+    let quiet = output("mem://", &["-q", "status", "job"]).await;
+    assert_eq!(quiet.status.code(), Some(0));
+    assert!(text(&quiet.stderr).is_empty(), "{}", text(&quiet.stderr));
+    // The demo alone keeps its in-memory default.
+    let help = bare(&["run", "--help"]).output().await.unwrap();
+    assert!(
+        text(&help.stdout).contains("Exit codes"),
+        "{}",
+        text(&help.stdout)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_secret_is_printed_in_help_errors_or_logs() {
+    const SECRET: &str = "pa55-w0rd-xyz";
+    let unreachable = format!(
+        "etcd://app:{SECRET}@127.0.0.1:{}/p?connect_timeout=1s",
+        fencelock_testsupport::free_port()
+    );
+    let bad_url = format!("etcd://app:{SECRET}@127.0.0.1:2379/p?ttl=soon");
+    let cases: [(&str, &[&str]); 6] = [
+        (&unreachable, &["--help"]),
+        (&unreachable, &["run", "--help"]),
+        (&unreachable, &["-vv", "run", "job", "--", "true"]),
+        (&unreachable, &["-vv", "status", "job"]),
+        (&bad_url, &["run", "job", "--", "true"]),
+        (&bad_url, &["list", "--json"]),
+    ];
+    for (url, args) in cases {
+        let out = output(url, args).await;
+        let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+        assert!(
+            !all.contains(SECRET),
+            "{args:?} printed the password:\n{all}"
+        );
+        assert!(!all.is_empty(), "{args:?} printed nothing");
+    }
+}
+
+/// Issue 15: `kill -9` of fencelock must not leave CMD running without the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cmd_dies_with_a_sigkilled_fencelock() {
+    let url = etcd_url();
+    let dir = tmp_root().join(unique("pdeath"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pid_file = dir.join("pid");
+    let script = format!("echo $$ > {}; exec sleep 60", pid_file.display());
+    let mut holder = fencelock(&url, &["run", "job", "--", "sh", "-c", &script])
+        .spawn()
+        .unwrap();
+    let pid = wait_for_file(&pid_file).await;
+    assert!(alive(&pid));
+    holder.start_kill().unwrap(); // SIGKILL
+    let _ = holder.wait().await;
+    let start = std::time::Instant::now();
+    // Bounded poll; the kernel sends the parent-death signal at once.
+    while alive(&pid) && start.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!alive(&pid), "CMD outlived a SIGKILLed fencelock");
+    eprintln!("CMD gone {:?} after fencelock's SIGKILL", start.elapsed());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refused_credentials_exit_77() {
     let cluster = EtcdCluster::start(1);
@@ -289,8 +396,30 @@ async fn refused_credentials_exit_77() {
         .trim_start_matches("http://")
         .to_owned();
     let good = format!("etcd://root:rootpw@{host}/cli-auth");
-    let out = output(&good, &["run", "job", "--", "true"]).await;
+    let out = output(
+        &good,
+        &[
+            "-v",
+            "run",
+            "job",
+            "--",
+            "sh",
+            "-c",
+            "env | grep FENCELOCK_",
+        ],
+    )
+    .await;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("FENCELOCK_BACKEND=etcd://root:"),
+        "{}",
+        text(&out.stdout)
+    );
+    let all = format!("{}{}", text(&out.stdout), text(&out.stderr));
+    assert!(
+        !all.contains("rootpw"),
+        "the password reached CMD or the log:\n{all}"
+    );
     for url in [
         format!("etcd://root:wrong@{host}/cli-auth"),
         format!("etcd://{host}/cli-auth"),
@@ -319,4 +448,37 @@ async fn the_demo_shows_the_refused_write_and_the_lost_update() {
         "{}",
         text(&out.stdout)
     );
+}
+
+/// An interactive CMD at a terminal (a pseudo-terminal from `script`) reads its answer: it gets
+/// the terminal's foreground. In a background group its read would stop it with SIGTTIN, and
+/// fencelock would hold the lock forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interactive_cmd_gets_the_terminal() {
+    let inner = format!(
+        "{BIN} --backend mem:// -q run job -- sh -c 'printf \"name? \"; read x; echo got:$x'"
+    );
+    let mut script = Command::new("script")
+        .args(["-qec", &inner, "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = script.stdin.take().unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut stdin, b"bob\n")
+        .await
+        .unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(20), script.wait_with_output())
+        .await
+        .expect("CMD was stopped reading the terminal (no foreground)")
+        .unwrap();
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("got:bob"),
+        "{stdout}\n{}",
+        text(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
 }
