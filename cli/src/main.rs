@@ -11,7 +11,7 @@ mod terminal;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, Parser, Subcommand};
 use fencelock::{LockName, Wait};
 
 /// Distributed locks you can trust: a lease plus a fencing token.
@@ -39,13 +39,13 @@ enum Command {
     Run {
         /// The lock's name.
         name: String,
-        /// Give up after waiting this long (e.g. 30s, 500ms, 2m).
+        /// Give up after waiting this long (e.g. 30s, 500ms, 1m30s, 1.5s).
         #[arg(long, value_parser = parse_duration, conflicts_with = "try_once")]
         timeout: Option<Duration>,
         /// Do not wait: exit 75 at once if the lock is held.
         #[arg(long = "try")]
         try_once: bool,
-        /// After the lock is lost, how long CMD has between SIGTERM and SIGKILL.
+        /// After the lock is lost, how long CMD has between SIGTERM and SIGKILL (e.g. 5s).
         #[arg(long, value_parser = parse_duration, default_value = "5s")]
         grace: Duration,
         /// The command and its arguments (after `--`).
@@ -73,6 +73,13 @@ enum Command {
     },
     /// Show why a lease needs a fencing token, in under a minute.
     Demo,
+    /// Print a shell completion script: `fencelock completions bash > /etc/bash_completion.d/fencelock`.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+    /// Print the man page (roff): `fencelock man > /usr/local/share/man/man1/fencelock.1`.
+    Man,
     /// (internal) The demo's worker A, run as a separate process so it can really be paused.
     #[command(hide = true)]
     DemoWorker {
@@ -176,6 +183,24 @@ async fn dispatch(cli: Cli) -> u8 {
             Ok(name) => demo::worker(cli.backend.as_deref().unwrap_or("mem://"), &name).await,
             Err(code) => code,
         },
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "fencelock",
+                &mut std::io::stdout(),
+            );
+            0
+        }
+        Command::Man => {
+            match clap_mangen::Man::new(Cli::command()).render(&mut std::io::stdout()) {
+                Ok(()) => 0,
+                Err(e) => {
+                    eprintln!("fencelock: cannot write the man page: {e}");
+                    exit::SOFTWARE
+                }
+            }
+        }
         Command::ExecChild { .. } => exit::SOFTWARE, // handled in `main`
     }
 }

@@ -482,3 +482,19 @@ async fn an_interactive_cmd_gets_the_terminal() {
     );
     assert_eq!(out.status.code(), Some(0), "{stdout}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_and_the_man_page_come_from_the_cli_definition() {
+    for (args, expect) in [
+        (&["completions", "bash"][..], "_fencelock()"),
+        (&["completions", "zsh"], "#compdef fencelock"),
+        (&["completions", "fish"], "complete -c fencelock"),
+        (&["man"], ".TH fencelock"),
+    ] {
+        let out = bare(args).output().await.unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", text(&out.stderr));
+        let page = text(&out.stdout);
+        assert!(page.contains(expect), "{args:?}: {expect:?} not in\n{page}");
+        assert!(page.contains("status"), "{args:?} must cover the subcommands");
+    }
+}

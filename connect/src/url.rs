@@ -50,7 +50,10 @@ fn split(url: &str) -> Result<Parts<'_>> {
             let (name, password) = userinfo
                 .split_once(':')
                 .ok_or_else(|| bad("credentials must be written user:password@"))?;
-            (Some((name.to_owned(), password.to_owned())), hosts)
+            (
+                Some((decode("user name", name)?, decode("password", password)?)),
+                hosts,
+            )
         }
         None => (None, authority),
     };
@@ -73,6 +76,14 @@ fn split(url: &str) -> Result<Parts<'_>> {
         path,
         query: pairs,
     })
+}
+
+/// Percent-decodes one part of the user info (`%40` is `@`), as every URL parser does.
+fn decode(what: &str, raw: &str) -> Result<String> {
+    percent_encoding::percent_decode_str(raw)
+        .decode_utf8()
+        .map(|d| d.into_owned())
+        .map_err(|_| bad(format!("the {what} is not UTF-8 once percent-decoded")))
 }
 
 // Only network URLs use it; the memory-only build (the demo) has none.
@@ -109,27 +120,12 @@ pub fn parse_duration(value: &str) -> Result<Duration> {
 }
 
 fn duration(key: &str, value: &str) -> Result<Duration> {
-    let split = value
-        .find(|c: char| !c.is_ascii_digit())
-        .unwrap_or(value.len());
-    let (number, unit) = value.split_at(split);
-    let number: u64 = number.parse().map_err(|_| {
+    // humantime also takes `1m30s`, `1.5s` and `2min`; a bare number has no unit, and is refused.
+    humantime::parse_duration(value).map_err(|e| {
         bad(format!(
-            "{key}={value:?}: write a whole number and a unit, e.g. 500ms, 10s, 2m"
+            "{key}={value:?}: {e}; write a duration with a unit, e.g. 500ms, 10s, 1m30s or 1.5s"
         ))
-    })?;
-    let unit_ms = match unit {
-        "ms" => 1,
-        "s" => 1_000,
-        "m" => 60_000,
-        "h" => 3_600_000,
-        _ => {
-            return Err(bad(format!(
-                "{key}={value:?}: the unit must be ms, s, m or h"
-            )))
-        }
-    };
-    Ok(Duration::from_millis(number.saturating_mul(unit_ms)))
+    })
 }
 
 // Only network URLs use it; the memory-only build (the demo) has none.
@@ -339,6 +335,17 @@ mod tests {
             (c.user.as_deref(), c.password.as_deref(), c.prefix.as_str()),
             (Some("u"), Some("p%w"), "fencelock/")
         );
+        // Percent-encoded user info, as in any URL: `@`, `:` and `/` can be in a password.
+        let BackendUrl::Etcd(c) = parse("etcd://u%40corp:p%40ss%3Aw%2Fd@h1?ttl=1m30s").unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(
+            (c.user.as_deref(), c.password.as_deref()),
+            (Some("u@corp"), Some("p@ss:w/d"))
+        );
+        assert_eq!(c.ttl, Duration::from_secs(90));
+        assert_eq!(parse_duration("1.5s").unwrap(), Duration::from_millis(1500));
     }
 
     #[test]
@@ -367,7 +374,8 @@ mod tests {
         assert!(reason("etcd://").contains("no host"));
         assert!(reason("etcd://h:99999").contains("port \"99999\""));
         assert!(reason("etcd://h?ttl=10").contains("ttl=\"10\""));
-        assert!(reason("etcd://h?ttl=10y").contains("unit"));
+        assert!(reason("etcd://h?ttl=10q").contains("unknown time unit"));
+        assert!(reason("etcd://u:p%ff@h").contains("password"));
         assert!(reason("etcd://h?colour=red").contains("unknown setting \"colour\""));
         assert!(reason("etcd://h?ttl").contains("key=value"));
         assert!(reason("etcds://h").contains("CA certificate"));
