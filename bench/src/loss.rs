@@ -71,7 +71,12 @@ pub async fn run(servers: &Servers) {
 
     let base = Servers::base();
     let proxy = TcpProxy::start(servers.zk.connect_string()).await;
-    let config = |connect: String| ZkConfig::new(connect).base_path(&base).session_timeout(TTL);
+    let config = |connect: String| {
+        ZkConfig::new(connect)
+            .base_path(&base)
+            .tick_time(fencelock_testsupport::ZK_TICK)
+            .session_timeout(TTL)
+    };
     let cut = ZkBackend::connect(config(format!("127.0.0.1:{}", proxy.port)))
         .await
         .unwrap();

@@ -63,6 +63,7 @@ impl Servers {
     pub async fn zk_backend(&self, base: &str) -> ZkBackend {
         let config = ZkConfig::new(self.zk_connect())
             .base_path(base)
+            .tick_time(fencelock_testsupport::ZK_TICK)
             .session_timeout(Duration::from_secs(10));
         ZkBackend::connect(config).await.unwrap()
     }

@@ -32,7 +32,7 @@ fn etcd_url() -> String {
 
 fn zk_url() -> String {
     format!(
-        "zk://{}/{}?session_timeout=3s",
+        "zk://{}/{}?session_timeout=3s&tick_time=500ms",
         zk().connect_string(),
         unique("cli")
     )
@@ -196,7 +196,7 @@ async fn a_lost_lock_stops_the_command_with_sigterm_then_sigkill() {
 async fn a_cut_off_zookeeper_client_stops_the_command() {
     let proxy = TcpProxy::start(zk().connect_string()).await;
     let url = format!(
-        "zk://127.0.0.1:{}/{}?session_timeout=3s",
+        "zk://127.0.0.1:{}/{}?session_timeout=3s&tick_time=500ms",
         proxy.port,
         unique("cut")
     );
@@ -492,9 +492,17 @@ async fn completions_and_the_man_page_come_from_the_cli_definition() {
         (&["man"], ".TH fencelock"),
     ] {
         let out = bare(args).output().await.unwrap();
-        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", text(&out.stderr));
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
         let page = text(&out.stdout);
         assert!(page.contains(expect), "{args:?}: {expect:?} not in\n{page}");
-        assert!(page.contains("status"), "{args:?} must cover the subcommands");
+        assert!(
+            page.contains("status"),
+            "{args:?} must cover the subcommands"
+        );
     }
 }

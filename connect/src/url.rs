@@ -264,19 +264,25 @@ fn zookeeper(parts: Parts<'_>) -> Result<BackendUrl> {
     if !base.is_empty() {
         config = config.base_path(base);
     }
+    let mut margin = None;
     for &(k, v) in &parts.query {
         match k {
             "session_timeout" => config = config.session_timeout(duration(k, v)?),
-            "safety_margin" => config.safety_margin = duration(k, v)?,
+            "tick_time" => config = config.tick_time(duration(k, v)?),
+            // Applied last: session_timeout and tick_time reset the margin to its default.
+            "safety_margin" => margin = Some(duration(k, v)?),
             "connect_timeout" => config.connect_timeout = duration(k, v)?,
             "request_timeout" => config.request_timeout = duration(k, v)?,
             _ => {
                 return Err(unknown(
                     k,
-                    "session_timeout, safety_margin, connect_timeout, request_timeout",
+                    "session_timeout, tick_time, safety_margin, connect_timeout, request_timeout",
                 ))
             }
         }
+    }
+    if let Some(margin) = margin {
+        config.safety_margin = margin;
     }
     if let Some((user, password)) = parts.user {
         config = config.digest(user, password);

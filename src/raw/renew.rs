@@ -31,6 +31,13 @@ pub trait Renew: Send {
     /// Called after a failed or unanswered renewal, before the retry: drop a broken stream,
     /// say. The default does nothing.
     fn reset(&mut self) {}
+
+    /// How often to renew a lease of `ttl`. The default, `ttl / 3`, lets one renewal fail
+    /// without losing the lease; a store whose proof of life is older than its answer (a
+    /// ZooKeeper follower relays it to the leader late) may need more often.
+    fn interval(&self, ttl: Duration) -> Duration {
+        ttl / 3
+    }
 }
 
 /// Renews a lease every `ttl / 3` until it is lost, and feeds `clock` with each success.
@@ -53,8 +60,8 @@ pub async fn keep_renewed<R: Renew>(
     request_timeout: Duration,
     mut renewer: R,
 ) {
-    let interval = ttl / 3;
-    let limit = request_timeout.min(interval);
+    let interval = renewer.interval(ttl).min(ttl / 3);
+    let limit = request_timeout.min(ttl / 3);
     let mut next = Instant::now() + interval;
     // One renewal per pass; the loop ends when the lease is lost, which a store that stops
     // answering causes within one TTL (the clock's own deadline).

@@ -16,7 +16,7 @@ use fencelock::{Error, Result};
 ///     .base_path("/billing")
 ///     .session_timeout(Duration::from_secs(15))
 ///     .digest("billing", "s3cret");
-/// assert_eq!(config.safety_margin, Duration::from_millis(1500)); // a tenth
+/// assert_eq!(config.safety_margin, Duration::from_millis(2500)); // a tenth + tick_time / 2
 /// assert!(!format!("{config:?}").contains("s3cret"));
 /// ```
 #[derive(Clone)]
@@ -30,8 +30,15 @@ pub struct ZkConfig {
     /// Session timeout to ask for; the server must grant exactly this (it allows 2 to 20 ticks).
     /// Default 10 s.
     pub session_timeout: Duration,
+    /// The ensemble's `tickTime`. Default 2 s (ZooKeeper's own default). The leader, which
+    /// alone expires sessions, learns of a session's activity at a follower from its pings,
+    /// every `tick_time / 2`; the probes run that often too (or every `session_timeout / 3` if
+    /// that is shorter), and the margin covers that delay.
+    pub tick_time: Duration,
     /// How long before the session could expire (counted from when the last successful probe
-    /// was sent) the holder gives its locks up. Default `session_timeout / 10`; must be less
+    /// was sent) the holder gives its locks up. Default `session_timeout / 10 + tick_time / 2`:
+    /// the relay of the session's last activity to the leader (`tick_time / 2`) plus a tenth for
+    /// clock-rate drift and for stopping the work. Must be at least `tick_time / 2` and less
     /// than a third of the timeout.
     pub safety_margin: Duration,
     /// Limit for establishing the session. Default 5 s.
@@ -43,12 +50,18 @@ pub struct ZkConfig {
     pub digest: Option<(String, String)>,
 }
 
+/// `session_timeout / 10 + tick_time / 2` (see [`ZkConfig::safety_margin`]).
+fn default_margin(session_timeout: Duration, tick_time: Duration) -> Duration {
+    session_timeout / 10 + tick_time / 2
+}
+
 impl fmt::Debug for ZkConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ZkConfig")
             .field("connect", &self.connect)
             .field("base_path", &self.base_path)
             .field("session_timeout", &self.session_timeout)
+            .field("tick_time", &self.tick_time)
             .field("safety_margin", &self.safety_margin)
             .field("connect_timeout", &self.connect_timeout)
             .field("request_timeout", &self.request_timeout)
@@ -64,11 +77,13 @@ impl ZkConfig {
     /// Defaults for the servers in `connect` (`host:port,host:port`).
     pub fn new(connect: impl Into<String>) -> Self {
         let session_timeout = Duration::from_secs(10);
+        let tick_time = Duration::from_secs(2);
         ZkConfig {
             connect: connect.into(),
             base_path: "/fencelock".to_owned(),
             session_timeout,
-            safety_margin: session_timeout / 10,
+            tick_time,
+            safety_margin: default_margin(session_timeout, tick_time),
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(5),
             digest: None,
@@ -81,10 +96,17 @@ impl ZkConfig {
         self
     }
 
-    /// Sets the session timeout and resets the margin to its default (a tenth).
+    /// Sets the session timeout and resets the margin to its default.
     pub fn session_timeout(mut self, timeout: Duration) -> Self {
         self.session_timeout = timeout;
-        self.safety_margin = timeout / 10;
+        self.safety_margin = default_margin(timeout, self.tick_time);
+        self
+    }
+
+    /// Sets the ensemble's `tickTime` and resets the margin to its default.
+    pub fn tick_time(mut self, tick_time: Duration) -> Self {
+        self.tick_time = tick_time;
+        self.safety_margin = default_margin(self.session_timeout, tick_time);
         self
     }
 
@@ -127,10 +149,32 @@ impl ZkConfig {
                 "must be at least 100 ms (servers allow 2 to 20 ticks)",
             ));
         }
+        if self.tick_time.is_zero() {
+            return Err(Error::config("tick_time", "must be more than zero"));
+        }
+        if self.safety_margin < self.tick_time / 2 {
+            return Err(Error::config(
+                "safety_margin",
+                format!(
+                    "{:?} must be at least tick_time / 2 ({:?}): the leader learns of the \
+                     session's activity that late",
+                    self.safety_margin,
+                    self.tick_time / 2
+                ),
+            ));
+        }
         if self.safety_margin >= self.session_timeout / 3 {
             return Err(Error::config(
                 "safety_margin",
-                "must be less than a third of the session timeout",
+                format!(
+                    "{:?} must be less than a third of the session timeout {:?}: with tick_time \
+                     {:?}, choose a session timeout of at least {:?}, or set tick_time to the \
+                     ensemble's",
+                    self.safety_margin,
+                    self.session_timeout,
+                    self.tick_time,
+                    (self.tick_time * 3 / 2).mul_f64(10.0 / 7.0)
+                ),
             ));
         }
         for (field, value) in [

@@ -25,12 +25,19 @@
 //! parent and restart when the parent is recreated.
 //!
 //! # Loss detection
-//! The backend probes the server every timeout/3 and counts the deadline from when the last
-//! successful probe was *sent*: `lost` fires at most `timeout - margin` after the last
-//! successful probe was sent, and at the earliest `2/3 timeout - margin` after the link went
-//! quiet, while the ensemble can expire the session only a full `timeout` after it last heard
-//! from us. After a disconnect, reconnecting before the deadline keeps the locks (each node is
-//! checked to still be ours); `Expired` fires `lost` at once.
+//! Only the leader expires sessions, and a follower keeps answering reads for
+//! `syncLimit x tickTime` after it has lost its leader. So the probe is a `sync`, which the
+//! follower forwards to the leader: its answer proves the session was alive at the leader. The
+//! leader learns of a session's activity at a follower from the follower's ping replies, every
+//! `tickTime / 2`, so the probes run that often (at most every `timeout / 3`), and the deadline
+//! is *send time of the last successful probe + timeout - margin* with
+//! `margin >= tick_time / 2` (default `timeout / 10 + tick_time / 2`; set
+//! [`ZkConfig::tick_time`] to the ensemble's `tickTime`, default 2 s). The leader's record of the
+//! session is then no older than one probe interval before that send time, so `lost` fires
+//! before the leader can expire the session and hand a lock on, also when the client's server
+//! is cut off from the leader (tested with a 3-node ensemble whose follower is black-holed).
+//! After a disconnect, reconnecting before the deadline keeps the locks (each node is checked
+//! to still be ours); `Expired` fires `lost` at once.
 //!
 //! # Fenced state
 //! Stored at `B/.state/N/<key>`; writes are multi-ops with a check on our lock node, reads a

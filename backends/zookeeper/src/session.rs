@@ -95,6 +95,7 @@ impl ZkSession {
             Probe {
                 client: session.client.clone(),
                 timeout,
+                tick_time: config.tick_time,
             },
         ));
         let monitor = tokio::spawn(monitor(Arc::downgrade(&session)));
@@ -167,16 +168,21 @@ impl Drop for ZkSession {
     }
 }
 
-/// One read of `/` as a renewal: the server answering it proves the session was alive when it
-/// was sent, so the deadline moves to that send time plus the session timeout (minus margin).
+/// One `sync` as a renewal. A follower answers reads from its own copy even after it has lost
+/// its leader (for up to syncLimit x tickTime), while the leader, which alone expires sessions,
+/// no longer hears of ours; a `sync` is forwarded to the leader and answered only once the
+/// leader has processed it. So its answer proves the session was alive at the leader when the
+/// probe was sent, and the deadline moves to that send time plus the session timeout, minus the
+/// margin (which covers how late the leader may have learnt of the session's last touch).
 struct Probe {
     client: Client,
     timeout: Duration,
+    tick_time: Duration,
 }
 
 impl Renew for Probe {
     async fn renew(&mut self) -> Renewal {
-        match self.client.check_stat("/").await {
+        match self.client.sync("/").await {
             Ok(_) => Renewal::Alive(self.timeout),
             Err(
                 e @ (zookeeper_client::Error::SessionExpired
@@ -184,6 +190,12 @@ impl Renew for Probe {
             ) => Renewal::Gone(e.to_string()),
             Err(e) => Renewal::Failed(e.to_string()),
         }
+    }
+
+    /// Every `tick_time / 2`: the leader then holds a record of the session no older than one
+    /// probe interval before the last successful probe, which the margin covers.
+    fn interval(&self, ttl: Duration) -> Duration {
+        (self.tick_time / 2).min(ttl / 3)
     }
 }
 

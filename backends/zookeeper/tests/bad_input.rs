@@ -45,8 +45,11 @@ async fn session_timeouts_outside_the_servers_bounds_are_refused() {
     let connect = common::shared_standalone().connect_string();
     // The test servers tick every 500 ms: they allow 1 s to 10 s.
     for timeout in [Duration::from_millis(400), Duration::from_secs(30)] {
+        // A small tick_time keeps the default margin valid for 400 ms, so the request reaches
+        // the server and its refusal is what is tested.
         let config = ZkConfig::new(&connect)
             .base_path(format!("/{}", unique("bad")))
+            .tick_time(Duration::from_millis(100))
             .session_timeout(timeout);
         match ZkBackend::connect(config).await {
             Err(Error::InvalidConfig {
@@ -68,6 +71,20 @@ async fn invalid_settings_are_refused_before_connecting() {
         (ZkConfig::new("h:1").base_path("/a/"), "base_path"),
         (ZkConfig::new("h:1").base_path("/a/.state"), "base_path"),
         (ZkConfig::new("h:1").digest("a:b", "pw"), "digest"),
+        (ZkConfig::new("h:1").tick_time(Duration::ZERO), "tick_time"),
+        // The default 2 s tick needs a margin of 1 s: a 3 s timeout leaves no room for it.
+        (
+            ZkConfig::new("h:1").session_timeout(Duration::from_secs(3)),
+            "safety_margin",
+        ),
+        (
+            {
+                let mut c = ZkConfig::new("h:1");
+                c.safety_margin = Duration::from_millis(900); // below tick_time / 2
+                c
+            },
+            "safety_margin",
+        ),
     ] {
         match ZkBackend::connect(config).await {
             Err(Error::InvalidConfig { field: got, .. }) => assert_eq!(got, field),

@@ -3,6 +3,7 @@
 mod common;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use fencelock::{LockBackendExt, ReleaseOutcome};
 use fencelock_testsupport::ZkEnsemble;
@@ -80,4 +81,62 @@ async fn cut_off_client_is_lost_before_the_ensemble_expires_it_and_is_fenced() {
         "cut-off: lost {lost:?} after the cut, successor granted {granted:?} after the cut (session timeout {:?})",
         common::TIMEOUT
     );
+}
+
+/// Issue 14.1 (review F1): the holder is connected to a follower that is then cut off from the
+/// other two members. The follower keeps answering the holder's reads for syncLimit x tickTime
+/// after losing its leader, while the leader expires the session and hands the lock to a
+/// client of its own. `lost` must fire before that grant, in every run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_on_a_cut_off_follower_is_lost_before_the_leader_hands_the_lock_on() {
+    let (ensemble, links) = ZkEnsemble::start_partitionable().await;
+    let leader = (0..3)
+        .find(|&i| ensemble.mode(i) == "leader")
+        .expect("a leader");
+    let follower = (0..3).find(|&i| i != leader).unwrap();
+    let on = |i: usize| format!("127.0.0.1:{}", ensemble.members[i].client_port);
+    let base = format!("/{}", fencelock_testsupport::unique("partition"));
+    let holder = ZkBackend::connect(common::config(&on(follower), &base))
+        .await
+        .unwrap();
+    let successor = Arc::new(
+        ZkBackend::connect(common::config(&on(leader), &base))
+            .await
+            .unwrap(),
+    );
+    let guard = holder.lock("job").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await; // a probe or two through the follower
+    links.cut(follower, true);
+    let cut_at = Instant::now();
+    let waiting = {
+        let successor = Arc::clone(&successor);
+        tokio::spawn(async move {
+            let next = successor.lock("job").await;
+            (next, Instant::now())
+        })
+    };
+    tokio::time::timeout(common::TIMEOUT * 4, guard.lost())
+        .await
+        .expect("the cut-off holder must fire lost");
+    let lost_at = Instant::now();
+    let (next, granted_at) = tokio::time::timeout(common::TIMEOUT * 4, waiting)
+        .await
+        .expect("the leader's client must be granted")
+        .unwrap();
+    let next = next.unwrap();
+    eprintln!(
+        "follower {} cut off: lost after {:?}, successor granted after {:?}",
+        follower + 1,
+        lost_at - cut_at,
+        granted_at - cut_at
+    );
+    assert!(
+        lost_at < granted_at,
+        "lost fired {:?} after the cut, but the leader granted the lock after {:?}",
+        lost_at - cut_at,
+        granted_at - cut_at
+    );
+    assert!(next.token() > guard.token());
+    links.cut(follower, false);
+    let _ = next.release().await;
 }

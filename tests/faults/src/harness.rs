@@ -135,7 +135,7 @@ impl Harness {
                     hosts.join(",")
                 ),
                 Backend::ZooKeeper => format!(
-                    "zk://{}/{prefix}?session_timeout=2s&request_timeout=1s",
+                    "zk://{}/{prefix}?session_timeout=2s&tick_time=500ms&request_timeout=1s",
                     hosts.join(",")
                 ),
             };

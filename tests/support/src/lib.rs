@@ -18,5 +18,5 @@ pub use process::{free_port, tmp_root, unique};
 pub use proxy::{ProxyMode, TcpProxy};
 pub use tls::TlsFiles;
 pub use zookeeper::{
-    four_letter, ZkEnsemble, ZkMember, COMPOSE_ZK_CONNECT, TICK as ZK_TICK, ZK_ENV,
+    four_letter, PeerLinks, ZkEnsemble, ZkMember, COMPOSE_ZK_CONNECT, TICK as ZK_TICK, ZK_ENV,
 };

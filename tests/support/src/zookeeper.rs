@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::process::{free_port, tmp_root, unique, Server};
+use crate::proxy::{ProxyMode, TcpProxy};
 
 /// ZooKeeper's tick in these tests: sessions may last 2 to 20 ticks (1 s to 10 s).
 pub const TICK: Duration = Duration::from_millis(500);
@@ -45,17 +46,59 @@ impl ZkEnsemble {
 
     /// Starts `size` servers with `extra` lines in each `zoo.cfg`.
     pub fn start_with(size: usize, extra: &[&str]) -> Self {
-        let dir = tmp_root().join(unique("zk"));
-        let ports: Vec<(u16, u16, u16)> = (0..size)
+        let ports = Self::ports(size);
+        Self::start_routed(&ports, extra, &|_, j| (ports[j].1, ports[j].2))
+    }
+
+    /// Client, quorum and election ports for `size` members.
+    fn ports(size: usize) -> Vec<(u16, u16, u16)> {
+        (0..size)
             .map(|_| (free_port(), free_port(), free_port()))
-            .collect();
-        let peers: Vec<String> = ports
-            .iter()
-            .enumerate()
-            .map(|(i, (_, quorum, election))| {
-                format!("server.{}=127.0.0.1:{quorum}:{election}", i + 1)
-            })
-            .collect();
+            .collect()
+    }
+
+    /// A 3-member ensemble whose every link between two members goes through a [`TcpProxy`] of
+    /// its own, so that one member can be cut off from the others ([`PeerLinks::cut`]) while
+    /// its clients still reach it: a follower that has lost its leader.
+    pub async fn start_partitionable() -> (Self, PeerLinks) {
+        let ports = Self::ports(3);
+        let mut links = Vec::new();
+        // In member i's zoo.cfg, member j (j != i) is reached through proxies of its own.
+        let mut routes = std::collections::HashMap::new();
+        for i in 0..3 {
+            for j in (0..3).filter(|&j| j != i) {
+                let quorum = TcpProxy::start(format!("127.0.0.1:{}", ports[j].1)).await;
+                let election = TcpProxy::start(format!("127.0.0.1:{}", ports[j].2)).await;
+                routes.insert((i, j), (quorum.port, election.port));
+                links.push(((i, j), quorum));
+                links.push(((i, j), election));
+            }
+        }
+        let route = |i: usize, j: usize| match routes.get(&(i, j)) {
+            Some(&proxied) => proxied,
+            None => (ports[j].1, ports[j].2), // its own line: the ports it listens on
+        };
+        let ensemble = tokio::task::block_in_place(|| Self::start_routed(&ports, &[], &route));
+        (ensemble, PeerLinks { links })
+    }
+
+    /// Starts one member per entry of `ports`; `route(i, j)` is the quorum and election port
+    /// that member i's zoo.cfg gives for member j.
+    fn start_routed(
+        ports: &[(u16, u16, u16)],
+        extra: &[&str],
+        route: &dyn Fn(usize, usize) -> (u16, u16),
+    ) -> Self {
+        let size = ports.len();
+        let dir = tmp_root().join(unique("zk"));
+        let peers = |i: usize| -> Vec<String> {
+            (0..size)
+                .map(|j| {
+                    let (quorum, election) = route(i, j);
+                    format!("server.{}=127.0.0.1:{quorum}:{election}", j + 1)
+                })
+                .collect()
+        };
         let members = ports
             .iter()
             .enumerate()
@@ -77,7 +120,7 @@ impl ZkEnsemble {
                 ];
                 if size > 1 {
                     std::fs::write(data.join("myid"), id.to_string()).expect("myid");
-                    cfg.extend(peers.iter().cloned());
+                    cfg.extend(peers(i));
                 }
                 cfg.extend(extra.iter().map(|s| s.to_string()));
                 let cfg_path = member_dir.join("zoo.cfg");
@@ -176,6 +219,30 @@ impl ZkEnsemble {
         self.members[i]
             .server
             .signal(if paused { "-STOP" } else { "-CONT" });
+    }
+}
+
+/// The proxied links between the members of [`ZkEnsemble::start_partitionable`].
+#[derive(Debug)]
+pub struct PeerLinks {
+    /// ((from member, to member), proxy), by member index from 0; two per pair and direction.
+    links: Vec<((usize, usize), TcpProxy)>,
+}
+
+impl PeerLinks {
+    /// Black-holes (`true`) or restores every link from or to member `i` (index from 0): its
+    /// clients still reach it, but it hears nothing of the others.
+    pub fn cut(&self, i: usize, cut: bool) {
+        let mode = if cut {
+            ProxyMode::BlackHole
+        } else {
+            ProxyMode::Forward
+        };
+        for ((from, to), proxy) in &self.links {
+            if *from == i || *to == i {
+                proxy.set_mode(mode);
+            }
+        }
     }
 }
 

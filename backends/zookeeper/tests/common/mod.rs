@@ -30,6 +30,7 @@ pub fn shared_ensemble() -> &'static ZkEnsemble {
 pub fn config(connect: &str, base: &str) -> ZkConfig {
     ZkConfig::new(connect)
         .base_path(base)
+        .tick_time(fencelock_testsupport::ZK_TICK)
         .session_timeout(TIMEOUT)
 }
 
