@@ -229,7 +229,9 @@ impl LockGuard {
     /// # Cancel safety
     /// If the future is dropped, the release goes on in the background as for `drop`.
     pub async fn release(mut self) -> Result<ReleaseOutcome> {
-        let _ = self.cause.set("released");
+        if self.is_held() {
+            let _ = self.cause.set("released");
+        }
         self.lost.cancel();
         let Some(held) = self.held.take() else {
             return Ok(ReleaseOutcome::NotOwned);

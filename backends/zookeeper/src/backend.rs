@@ -160,6 +160,12 @@ impl ZkBackend {
             held: Box::new(held),
         }
         .into_guard_with_trigger();
+        tokio::spawn(mutex::watch_own_node(
+            session.client.clone(),
+            path.clone(),
+            trigger.clone(),
+            session.clock.lost_token().clone(),
+        ));
         session.register(&path, trigger);
         Ok(guard)
     }

@@ -283,3 +283,51 @@ impl Withdraw<Node> for Unqueue {
         self.session.is_live()
     }
 }
+
+/// Fires `trigger` (the guard's `lost`) as soon as our lock node is deleted or its data changed
+/// by someone else (an operator's `delete`, `fencelock break`): ZooKeeper tells the watcher
+/// within about one round trip, where a probe would not notice at all. One exists-watch request
+/// per grant, sent after the grant. Ends with the node (our own release deletes it) or with the
+/// session (`session_over`); the watch survives reconnects (the client resets it).
+pub(crate) async fn watch_own_node(
+    client: Client,
+    path: String,
+    trigger: tokio_util::sync::CancellationToken,
+    session_over: tokio_util::sync::CancellationToken,
+) {
+    use zookeeper_client::EventType;
+    if trigger.is_cancelled() {
+        return; // released (or lost) before this task ran: nothing to watch, send nothing
+    }
+    let watched = tokio::select! {
+        () = trigger.cancelled() => return,
+        watched = client.check_and_watch_stat(&path) => watched,
+    };
+    let event = match watched {
+        // Raced against the session's end only (this task's client handle must not keep a
+        // closing session open), not against `trigger`: dropping an unfired watcher makes the
+        // client send a removeWatches, and our own release's delete fires it for free.
+        Ok((Some(_), watcher)) => tokio::select! {
+            () = session_over.cancelled() => return,
+            event = watcher.changed() => event,
+        },
+        Ok((None, _)) => {
+            tracing::warn!(%path, "zookeeper: our lock node is already gone; lock lost");
+            trigger.cancel();
+            return;
+        }
+        Err(e) => {
+            // The reconnect check and every fenced operation still notice a deletion.
+            tracing::debug!(%path, error = %e, "zookeeper: could not watch our lock node");
+            return;
+        }
+    };
+    if matches!(
+        event.event_type,
+        EventType::NodeDeleted | EventType::NodeDataChanged
+    ) && !trigger.is_cancelled()
+    {
+        tracing::warn!(%path, event = ?event.event_type, "zookeeper: our lock node was deleted or changed behind our back; lock lost");
+        trigger.cancel();
+    }
+}

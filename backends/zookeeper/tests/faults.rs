@@ -140,3 +140,36 @@ async fn a_holder_on_a_cut_off_follower_is_lost_before_the_leader_hands_the_lock
     links.cut(follower, false);
     let _ = next.release().await;
 }
+
+/// Issue 14.4 (review F10): an operator deletes the holder's node (`zkCli.sh delete`): `lost`
+/// fires within about a round trip, long before the session could end. Before, nothing noticed
+/// until the session itself ended or a fenced operation was refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_deleted_behind_our_back_fires_lost_at_once() {
+    let factory = common::ZkFactory::on(common::shared_standalone()).await;
+    let backend = factory.backend().await;
+    let guard = backend.lock("job").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await; // the watch is set after the grant
+    let admin = zookeeper_client::Client::connect(&factory.connect)
+        .await
+        .unwrap();
+    let dir = format!("{}/job", factory.base);
+    let children = admin.list_children(&dir).await.unwrap();
+    assert_eq!(children.len(), 1, "{children:?}");
+    let deleted_at = Instant::now();
+    admin
+        .delete(&format!("{dir}/{}", children[0]), None)
+        .await
+        .unwrap();
+    tokio::time::timeout(common::TIMEOUT, guard.lost())
+        .await
+        .expect("lost must fire well within the session timeout");
+    eprintln!("lost {:?} after the delete", deleted_at.elapsed());
+    assert!(!guard.is_held());
+    assert!(
+        guard.loss_cause().is_some_and(|c| c.contains("deleted")),
+        "{:?}",
+        guard.loss_cause()
+    );
+    assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::NotOwned);
+}

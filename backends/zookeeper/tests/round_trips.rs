@@ -17,7 +17,7 @@ fn received(ensemble: &ZkEnsemble) -> u64 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn uncontended_acquire_is_two_requests_and_release_one() {
+async fn uncontended_acquire_is_two_requests_and_release_one_plus_a_watch_of_our_node() {
     let ensemble = ZkEnsemble::start(1);
     // A long timeout keeps the session's own probes (one per timeout/3) out of the window.
     let config = ZkConfig::new(ensemble.connect_string())
@@ -34,6 +34,9 @@ async fn uncontended_acquire_is_two_requests_and_release_one() {
     let before = received(&ensemble);
     for _ in 0..CYCLES {
         let guard = backend.lock("job").await.unwrap();
+        // The exists-watch on our node goes out from a task of its own right after the grant;
+        // a lock released before that task runs never sends it. Give it the time to go out.
+        tokio::time::sleep(Duration::from_millis(20)).await;
         let _ = guard.release().await.unwrap();
     }
     let used = received(&ensemble) - before - idle;
@@ -41,9 +44,10 @@ async fn uncontended_acquire_is_two_requests_and_release_one() {
         "{CYCLES} acquire+release cycles: {used} requests ({:.2} per cycle)",
         used as f64 / CYCLES as f64
     );
-    // create + multi-read + delete per cycle; at most one probe or ping may fall in the window.
+    // create + multi-read + exists-watch + delete per cycle; at most one probe or ping may
+    // fall in the window (probes every tick_time / 2 = 1 s here).
     assert!(
-        (3 * CYCLES..=3 * CYCLES + 2).contains(&used),
+        (4 * CYCLES..=4 * CYCLES + 2).contains(&used),
         "{used} requests for {CYCLES} cycles"
     );
 }
