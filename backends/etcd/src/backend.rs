@@ -14,6 +14,7 @@ use crate::held::EtcdHeld;
 use crate::keys::Keys;
 use crate::mutex::{self, Granted, Unqueue};
 use crate::session::Session;
+use crate::watch::Held;
 use crate::{call, EtcdConfig, KIND};
 
 /// A [`LockBackend`] on an etcd cluster.
@@ -219,6 +220,7 @@ impl EtcdBackend {
         };
         let token = FencingToken::new(granted.token.unsigned_abs());
         tracing::info!(lock = %name, %token, key = %queued.key, created = queued.created, "etcd: acquired");
+        let (held_key, created) = (queued.key.clone(), queued.created);
         let held = EtcdHeld {
             client: Arc::clone(&self.client),
             keys: self.keys.clone(),
@@ -231,7 +233,7 @@ impl EtcdBackend {
             _session: Arc::clone(&session),
             _turn: unqueue.turn,
         };
-        Ok(Grant {
+        let (guard, trigger) = Grant {
             backend: KIND,
             name: name.clone(),
             token,
@@ -239,7 +241,13 @@ impl EtcdBackend {
             checkpoint: granted.checkpoint,
             held: Box::new(held),
         }
-        .into_guard())
+        .into_guard_with_trigger();
+        session.held_keys.watch(Held {
+            key: held_key,
+            created,
+            trigger,
+        });
+        Ok(guard)
     }
 }
 

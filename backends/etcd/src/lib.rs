@@ -44,7 +44,12 @@
 //! - **release**: one Txn `If create_revision(key) == token Then Delete(key)`, retried within the
 //!   request timeout, then in the background while the session lives;
 //! - **fenced state**: at `P .state/ N / <key>`, outside every lock's range, by Txns with the
-//!   same compare.
+//!   same compare;
+//! - **held keys**: one Watch stream per session watches each granted key from its create
+//!   revision + 1, so a key deleted behind the holder's back (an operator's `etcdctl del`, a
+//!   revoked lease) fires the guard's `lost` within about a round trip; our own release's
+//!   delete ends that watch with one cancel. Both messages are sent by a task of the session,
+//!   after the grant and after the release, not on the request path.
 //!
 //! | operation | requests |
 //! |---|---|
@@ -52,6 +57,7 @@
 //! | uncontended acquire | 1 Txn |
 //! | contended acquire | 1 Txn; per predecessor 1 Txn + 1 Watch stream (2 registrations) + 1 Range; then the granting Txn |
 //! | release, fenced put/get/delete | 1 Txn |
+//! | held-key watch (whole session) | 1 Watch stream; 1 message per grant, 1 per release |
 //! | renewal (whole session) | 1 LeaseKeepAlive message per TTL/3 |
 //!
 //! # Loss
@@ -67,6 +73,7 @@ mod held;
 mod keys;
 mod mutex;
 mod session;
+mod watch;
 
 use std::future::Future;
 use std::time::Duration;

@@ -15,6 +15,7 @@ use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
+use crate::watch::HeldKeys;
 use crate::{call, EtcdConfig};
 
 /// One granted lease and everything tied to it.
@@ -24,6 +25,9 @@ pub(crate) struct Session {
     client: Client,
     request_timeout: Duration,
     keep_alive: JoinHandle<()>,
+    /// The keys this session holds, watched so that a deleted key fires its guard's `lost`.
+    pub(crate) held_keys: HeldKeys,
+    watcher: JoinHandle<()>,
     /// All contenders of one session share one key per lock (the key is named after the lease),
     /// so tasks of this session take turns per lock name here before touching etcd.
     local: Mutex<HashMap<LockName, Weak<AsyncMutex<()>>>>,
@@ -58,12 +62,15 @@ impl Session {
             Arc::clone(&clock),
         ));
 
+        let (held_keys, watcher) = HeldKeys::start(client.clone(), clock.lost_token().clone());
         Ok(Arc::new(Session {
             lease: granted.id(),
             clock,
             client: client.clone(),
             request_timeout: config.request_timeout,
             keep_alive,
+            held_keys,
+            watcher,
             local: Mutex::new(HashMap::new()),
             withdrawals: Arc::default(),
         }))
@@ -112,6 +119,7 @@ impl Drop for Session {
     fn drop(&mut self) {
         // Like Go's Session.Close: revoke, so our keys vanish now instead of after the TTL.
         self.keep_alive.abort();
+        self.watcher.abort();
         self.clock.lose();
         let (mut client, lease, limit) = (self.client.clone(), self.lease, self.request_timeout);
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {

@@ -268,3 +268,52 @@ async fn an_acquire_after_a_revoke_behind_our_back_opens_a_new_session() {
     let new = backend.lease_id().await.unwrap();
     assert_ne!(new, old);
 }
+
+/// Issue 13.3 (review F5): the holder's key is deleted behind its back (`etcdctl del`), or its
+/// lease revoked: `lost` fires within about a round trip, not at the next keepalive (or never,
+/// for a delete while the lease lives).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_deleted_or_revoked_behind_our_back_fires_lost_at_once() {
+    let factory = common::EtcdFactory::on(common::shared_single()).await;
+    let mut config = common::config(factory.endpoints.clone(), &factory.prefix);
+    config.ttl = Duration::from_secs(30); // the keepalive would not notice for 10 s
+    config.safety_margin = Duration::from_secs(1);
+    let backend = EtcdBackend::connect(config).await.unwrap();
+    for how in ["del", "revoke"] {
+        let guard = backend.lock("job").await.unwrap();
+        let keys = common::shared_single()
+            .etcdctl(&[
+                "get",
+                "--prefix",
+                "--keys-only",
+                &format!("{}job/", factory.prefix),
+            ])
+            .unwrap();
+        let key = keys
+            .lines()
+            .find(|l| !l.trim().is_empty())
+            .unwrap()
+            .trim()
+            .to_owned();
+        tokio::time::sleep(Duration::from_millis(200)).await; // the watch goes out after the grant
+        let at = Instant::now();
+        match how {
+            "del" => common::shared_single().etcdctl(&["del", &key]).unwrap(),
+            _ => {
+                let lease = backend.lease_id().await.unwrap();
+                common::shared_single()
+                    .etcdctl(&["lease", "revoke", &format!("{lease:x}")])
+                    .unwrap()
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), guard.lost())
+            .await
+            .unwrap_or_else(|_| panic!("{how}: lost must fire well before the next keepalive"));
+        eprintln!("{how}: lost {:?} after it", at.elapsed());
+        assert!(!guard.is_held());
+        assert_eq!(
+            guard.release().await.unwrap(),
+            fencelock::ReleaseOutcome::NotOwned
+        );
+    }
+}

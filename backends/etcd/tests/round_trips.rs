@@ -11,6 +11,13 @@ use fencelock_testsupport::{unique, EtcdCluster};
 
 const METHODS: [&str; 5] = ["Txn", "Range", "Watch", "LeaseGrant", "DeleteRange"];
 
+/// The watch of a granted key is registered, and cancelled after its delete, by the session's
+/// watcher task, just after the call returns: give those messages the time to arrive.
+async fn settled(cluster: &EtcdCluster) -> BTreeMap<&'static str, u64> {
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    counts(cluster)
+}
+
 fn counts(cluster: &EtcdCluster) -> BTreeMap<&'static str, u64> {
     METHODS
         .iter()
@@ -39,24 +46,26 @@ async fn uncontended_acquire_and_release_are_one_txn_each() {
 
     let before = counts(&cluster);
     let first = backend.lock("warm").await.unwrap();
-    let first_acquire = delta(&before, &counts(&cluster));
+    let first_acquire = delta(&before, &settled(&cluster).await);
     let _ = first.release().await.unwrap();
 
-    let before = counts(&cluster);
+    let before = settled(&cluster).await;
     let guard = backend.lock("job").await.unwrap();
-    let acquire = delta(&before, &counts(&cluster));
+    let acquire = delta(&before, &settled(&cluster).await);
     let before = counts(&cluster);
     let _ = guard.release().await.unwrap();
-    let release = delta(&before, &counts(&cluster));
+    let release = delta(&before, &settled(&cluster).await);
     eprintln!(
         "first acquire of a session: {first_acquire:?}\nacquire: {acquire:?}\nrelease: {release:?}"
     );
+    // Plus one message on the session's watch stream per grant (watch our key) and per release
+    // (cancel that watch once the delete event came), off the request path.
     assert_eq!(
         first_acquire,
-        BTreeMap::from([("LeaseGrant", 1), ("Txn", 1)])
+        BTreeMap::from([("LeaseGrant", 1), ("Txn", 1), ("Watch", 1)])
     );
-    assert_eq!(acquire, BTreeMap::from([("Txn", 1)]));
-    assert_eq!(release, BTreeMap::from([("Txn", 1)]));
+    assert_eq!(acquire, BTreeMap::from([("Txn", 1), ("Watch", 1)]));
+    assert_eq!(release, BTreeMap::from([("Txn", 1), ("Watch", 1)]));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -72,25 +81,29 @@ async fn a_waiter_watches_only_its_predecessor() {
         let _ = backend.lock("warm").await.unwrap().release().await.unwrap();
         waiters.push(backend);
     }
-    let before = counts(&cluster);
+    let before = settled(&cluster).await;
     let mut tasks = Vec::new();
     for backend in waiters {
         tasks.push(tokio::spawn(async move {
             let guard = backend.lock("job").await.unwrap();
             tokio::time::sleep(Duration::from_millis(50)).await;
             let _ = guard.release().await.unwrap();
+            backend // kept until counted: its session's watch stream sends the cancel
         }));
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     let queued = delta(&before, &counts(&cluster));
     let _ = guard.release().await.unwrap();
+    let mut kept = Vec::new();
     for task in tasks {
-        tokio::time::timeout(Duration::from_secs(30), task)
-            .await
-            .unwrap()
-            .unwrap();
+        kept.push(
+            tokio::time::timeout(Duration::from_secs(30), task)
+                .await
+                .unwrap()
+                .unwrap(),
+        );
     }
-    let all = delta(&before, &counts(&cluster));
+    let all = delta(&before, &settled(&cluster).await);
     eprintln!("3 waiters queueing: {queued:?}\n3 handoffs in all (incl. 4 releases): {all:?}");
     // Queueing: per waiter the enqueue Txn, one Txn that confirms its key and finds its
     // predecessor, one watch stream carrying two registrations of the predecessor's key (see
@@ -101,6 +114,8 @@ async fn a_waiter_watches_only_its_predecessor() {
     // Each handoff: one Txn by the woken waiter, which finds no older key and is the grant; plus 4
     // release Txns. No herd: a release wakes one watcher, so no other request is made.
     assert_eq!(all.get("Range"), Some(&3));
-    assert_eq!(all.get("Watch"), Some(&6));
+    // The 6 predecessor watches, plus per grant one watch of the new holder's key and per
+    // release (4) one cancel of it.
+    assert_eq!(all.get("Watch"), Some(&(6 + 3 + 4)));
     assert_eq!(all.get("Txn"), Some(&(6 + 3 + 4)));
 }
