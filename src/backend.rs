@@ -157,6 +157,28 @@ pub trait LockBackend: Send + Sync + fmt::Debug {
             what: "list",
         })
     }
+
+    /// Removes the current holder's entry of `name`, so that the next contender proceeds (for
+    /// operators: `fencelock break`, for a holder that is stuck but keeps renewing). Returns
+    /// the removed holder's token as [`status`](LockBackend::status) shows it, or `None` when
+    /// the lock was free (or changed hands meanwhile). The old holder's `lost` fires (the etcd
+    /// and ZooKeeper backends watch their own entries) and the store refuses its fenced
+    /// operations; fencing keeps the rest safe, since the next holder's token is greater.
+    /// The default says the backend does not support it.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`], or [`Error::Backend`] when the store cannot be reached or
+    /// refuses (another user's entry under ACLs).
+    ///
+    /// # Cancel safety
+    /// Not cancel-safe: if dropped, the entry may or may not have been removed.
+    async fn break_lock(&self, name: &LockName) -> Result<Option<FencingToken>> {
+        let _ = name;
+        Err(Error::Unsupported {
+            backend: self.kind(),
+            what: "break",
+        })
+    }
 }
 
 /// A lock as the store sees it at one moment ([`LockBackend::status`]).

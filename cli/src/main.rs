@@ -60,6 +60,22 @@ enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
+        /// Keep printing a line at each change of holder or queue until interrupted.
+        #[arg(long)]
+        watch: bool,
+    },
+    /// Remove the current holder's entry of lock NAME, so the next contender proceeds.
+    ///
+    /// For a holder that is stuck but still renews. Its `lost` fires (a `fencelock run` stops
+    /// its CMD) and the store refuses its fenced writes; resources that check the token refuse
+    /// the rest.
+    #[command(after_help = exit::HELP)]
+    Break {
+        /// The lock's name.
+        name: String,
+        /// Do not ask for confirmation.
+        #[arg(long)]
+        yes: bool,
     },
     /// List locks that are held or waited for.
     #[command(after_help = exit::HELP)]
@@ -167,12 +183,19 @@ async fn dispatch(cli: Cli) -> u8 {
                 Err(code) => code,
             }
         }
-        Command::Status { name: raw, json } => {
-            match (name(&raw), required(cli.backend.as_deref())) {
-                (Ok(name), Ok(url)) => run::status(url, &name, json).await,
-                (Err(code), _) | (_, Err(code)) => code,
-            }
-        }
+        Command::Status {
+            name: raw,
+            json,
+            watch,
+        } => match (name(&raw), required(cli.backend.as_deref())) {
+            (Ok(name), Ok(url)) if watch => run::watch(url, &name, json).await,
+            (Ok(name), Ok(url)) => run::status(url, &name, json).await,
+            (Err(code), _) | (_, Err(code)) => code,
+        },
+        Command::Break { name: raw, yes } => match (name(&raw), required(cli.backend.as_deref())) {
+            (Ok(name), Ok(url)) => run::break_lock(url, &name, yes).await,
+            (Err(code), _) | (_, Err(code)) => code,
+        },
         Command::List { prefix, json } => match required(cli.backend.as_deref()) {
             Ok(url) => run::list(url, &prefix, json).await,
             Err(code) => code,

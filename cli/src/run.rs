@@ -204,33 +204,110 @@ pub async fn status(url: &str, name: &LockName, json: bool) -> u8 {
         Ok(backend) => backend,
         Err(code) => return code,
     };
-    let status = match backend.status(name).await {
-        Ok(status) => status,
-        Err(e) => return exit::report(&e),
+    match backend.status(name).await {
+        Ok(status) => {
+            println!("{}", describe(&status, json));
+            0
+        }
+        Err(e) => exit::report(&e),
+    }
+}
+
+/// `status --watch`: a line at each change of holder or queue length, until SIGINT/SIGTERM.
+pub async fn watch(url: &str, name: &LockName, json: bool) -> u8 {
+    let backend = match connect(url).await {
+        Ok(backend) => backend,
+        Err(code) => return code,
     };
+    let Ok(mut signals) = Signals::listen() else {
+        eprintln!("fencelock: cannot install signal handlers");
+        return exit::SOFTWARE;
+    };
+    let mut last = None;
+    // One read per pass (every 200 ms) until a signal; a failing read is reported and retried.
+    loop {
+        match backend.status(name).await {
+            Ok(status) => {
+                let seen = (status.holder, status.waiting);
+                if last != Some(seen) {
+                    println!("{}", describe(&status, json));
+                    last = Some(seen);
+                }
+            }
+            Err(e) => eprintln!("fencelock: {e}"),
+        }
+        tokio::select! {
+            _ = signals.next() => return 0,
+            () = tokio::time::sleep(Duration::from_millis(200)) => {}
+        }
+    }
+}
+
+fn describe(status: &fencelock::LockStatus, json: bool) -> String {
+    let name = &status.name;
     if json {
-        let value = serde_json::json!({
-            "name": status.name.as_str(),
+        return serde_json::json!({
+            "name": name.as_str(),
             "held": status.holder.is_some(),
             "token": status.holder.map(|t| t.get()),
             "waiting": status.waiting,
             "age_ms": status.age.map(|a| u64::try_from(a.as_millis()).unwrap_or(u64::MAX)),
-        });
-        println!("{value}");
-    } else {
-        match (status.holder, status.age) {
-            (Some(token), Some(age)) => println!(
-                "{name}: held by token {token} for {:.1}s; {} waiting",
-                age.as_secs_f64(),
-                status.waiting
-            ),
-            (Some(token), None) => {
-                println!("{name}: held by token {token}; {} waiting", status.waiting)
-            }
-            (None, _) => println!("{name}: free"),
+        })
+        .to_string();
+    }
+    match (status.holder, status.age) {
+        (Some(token), Some(age)) => format!(
+            "{name}: held by token {token} for {:.1}s; {} waiting",
+            age.as_secs_f64(),
+            status.waiting
+        ),
+        (Some(token), None) => format!("{name}: held by token {token}; {} waiting", status.waiting),
+        (None, _) => format!("{name}: free"),
+    }
+}
+
+/// `break`: removes the holder's entry, after asking (unless `--yes`).
+pub async fn break_lock(url: &str, name: &LockName, yes: bool) -> u8 {
+    let backend = match connect(url).await {
+        Ok(backend) => backend,
+        Err(code) => return code,
+    };
+    if !yes {
+        let status = match backend.status(name).await {
+            Ok(status) => status,
+            Err(e) => return exit::report(&e),
+        };
+        if status.holder.is_none() {
+            println!("{name}: free; nothing to break");
+            return 0;
+        }
+        if !std::io::IsTerminal::is_terminal(&std::io::stdin()) {
+            eprintln!("fencelock: refusing to break `{name}` without confirmation: pass --yes");
+            return exit::USAGE;
+        }
+        eprint!(
+            "{}: break it, so that the next contender proceeds? [y/N] ",
+            describe(&status, false)
+        );
+        let mut answer = String::new();
+        if std::io::stdin().read_line(&mut answer).is_err()
+            || !matches!(answer.trim(), "y" | "Y" | "yes")
+        {
+            eprintln!("fencelock: not broken");
+            return exit::USAGE;
         }
     }
-    0
+    match backend.break_lock(name).await {
+        Ok(Some(token)) => {
+            println!("{name}: removed the holder with token {token}; the next contender proceeds");
+            0
+        }
+        Ok(None) => {
+            println!("{name}: free (or it changed hands meanwhile); nothing broken");
+            0
+        }
+        Err(e) => exit::report(&e),
+    }
 }
 
 pub async fn list(url: &str, prefix: &str, json: bool) -> u8 {

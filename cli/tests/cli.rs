@@ -506,3 +506,90 @@ async fn completions_and_the_man_page_come_from_the_cli_definition() {
         );
     }
 }
+
+/// Issue 15.6: `break` removes a stuck holder's entry; the holder's `lost` fires and its CMD
+/// is stopped (exit 76), and the waiter's CMD runs. On etcd and ZooKeeper.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn break_lets_the_waiter_in_and_stops_the_old_holders_command() {
+    for url in [etcd_url(), zk_url()] {
+        let dir = tmp_root().join(unique("break"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (started, waiter_ran) = (dir.join("started"), dir.join("waiter"));
+        let holder_script = format!("echo go > {}; exec sleep 60", started.display());
+        let holder = fencelock(
+            &url,
+            &[
+                "run",
+                "job",
+                "--grace",
+                "1s",
+                "--",
+                "sh",
+                "-c",
+                &holder_script,
+            ],
+        )
+        .spawn()
+        .unwrap();
+        wait_for_file(&started).await;
+        let waiter_script = format!("echo ran > {}", waiter_ran.display());
+        let waiter = fencelock(&url, &["run", "job", "--", "sh", "-c", &waiter_script])
+            .spawn()
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(
+            !waiter_ran.exists(),
+            "the waiter must wait while the holder holds"
+        );
+        let refused = output(&url, &["break", "job"]).await; // stdin is not a terminal
+        assert_eq!(refused.status.code(), Some(64), "{}", text(&refused.stderr));
+        let broke = output(&url, &["break", "job", "--yes"]).await;
+        assert_eq!(broke.status.code(), Some(0), "{}", text(&broke.stderr));
+        assert!(
+            text(&broke.stdout).contains("removed the holder with token"),
+            "{}",
+            text(&broke.stdout)
+        );
+        assert_eq!(
+            exit_code(holder).await,
+            76,
+            "{url}: the broken holder reports LOST"
+        );
+        assert_eq!(exit_code(waiter).await, 0, "{url}: the waiter runs");
+        assert!(waiter_ran.exists());
+    }
+}
+
+async fn next_line(
+    lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::process::ChildStdout>>,
+) -> String {
+    tokio::time::timeout(BOUND, lines.next_line())
+        .await
+        .expect("a line")
+        .unwrap()
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_watch_prints_each_change() {
+    use tokio::io::AsyncBufReadExt;
+    for url in [etcd_url(), zk_url()] {
+        let mut watcher = fencelock(&url, &["status", "job", "--watch"])
+            .spawn()
+            .unwrap();
+        let mut lines = tokio::io::BufReader::new(watcher.stdout.take().unwrap()).lines();
+        assert_eq!(next_line(&mut lines).await, "job: free");
+        let out = output(&url, &["run", "job", "--", "sleep", "1"]).await;
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+        assert!(next_line(&mut lines)
+            .await
+            .starts_with("job: held by token"));
+        assert_eq!(next_line(&mut lines).await, "job: free");
+        let pid = watcher.id().unwrap().to_string();
+        std::process::Command::new("kill")
+            .args(["-INT", &pid])
+            .status()
+            .unwrap();
+        assert_eq!(exit_code(watcher).await, 0);
+    }
+}

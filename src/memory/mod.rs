@@ -294,6 +294,10 @@ impl LockBackend for MemoryBackend {
         Ok(LockStatus::new(name.clone(), holder, waiting, age))
     }
 
+    async fn break_lock(&self, name: &LockName) -> Result<Option<FencingToken>> {
+        Ok(self.store.release_behind_back(name))
+    }
+
     async fn list(&self, prefix: &str) -> Result<Vec<LockName>> {
         self.store
             .names(prefix)

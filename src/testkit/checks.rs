@@ -569,3 +569,47 @@ pub async fn status_and_list<F: BackendFactory>(factory: &F) {
     let free = ok("status after release", a.status(&name).await);
     assert_eq!((free.holder, free.waiting), (None, 0), "{free:?}");
 }
+
+/// `break_lock` removes the holder's entry: it returns the holder's token, the next contender
+/// is granted with a greater one, and the old holder's fenced writes are refused.
+pub async fn break_lets_the_next_contender_in<F: BackendFactory>(factory: &F) {
+    let (a, b, c) = (
+        factory.connect().await,
+        Arc::new(factory.connect().await),
+        factory.connect().await,
+    );
+    let name = factory.name("break");
+    warm(&a, name.as_str()).await;
+    warm(b.as_ref(), name.as_str()).await;
+    let stuck = acquire("break: holder", &a, name.as_str()).await;
+    let waiting = {
+        let (b, name) = (Arc::clone(&b), name.clone());
+        tokio::spawn(async move { b.lock(name.as_str()).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let seen = ok("break: status", c.status(&name).await);
+    let broken = ok("break", bounded("break", c.break_lock(&name)).await);
+    assert_eq!(
+        broken, seen.holder,
+        "break returns the removed holder's token, as status shows it"
+    );
+    let next = match bounded("break: the waiter is granted", waiting).await {
+        Ok(next) => ok("break: waiter", next),
+        Err(e) => panic!("break: the waiter failed: {e}"),
+    };
+    assert!(
+        next.token() > stuck.token(),
+        "the next holder's token must be greater"
+    );
+    let refused = stuck.fenced_put("after-break", "stale").await;
+    assert!(
+        matches!(&refused, Err(e) if e.is_lost()),
+        "a broken holder's write: {refused:?}"
+    );
+    release("break: next", next).await;
+    assert_eq!(
+        ok("break: free", c.break_lock(&name).await),
+        None,
+        "nothing left to break"
+    );
+}

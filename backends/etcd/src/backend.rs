@@ -293,6 +293,31 @@ impl LockBackend for EtcdBackend {
         ))
     }
 
+    async fn break_lock(&self, name: &LockName) -> Result<Option<FencingToken>> {
+        let first = GetOptions::new()
+            .with_prefix()
+            .with_sort(SortTarget::Create, SortOrder::Ascend)
+            .with_limit(1);
+        let resp = call("read the lock's holder", self.config.request_timeout, {
+            let (mut client, prefix) = (Client::clone(&self.client), self.keys.lock_prefix(name));
+            async move { client.get(prefix, Some(first)).await }
+        })
+        .await?;
+        let Some(holder) = resp.kvs().first() else {
+            return Ok(None);
+        };
+        let (key, created) = (
+            String::from_utf8_lossy(holder.key()).into_owned(),
+            holder.create_revision(),
+        );
+        // Owner-checked like every delete: a holder that released meanwhile is left alone.
+        let removed =
+            mutex::delete_if_created(&self.client, &key, created, self.config.request_timeout)
+                .await?;
+        tracing::warn!(lock = %name, %key, removed, "etcd: break: removed the holder's key");
+        Ok(removed.then(|| FencingToken::new(created.unsigned_abs())))
+    }
+
     async fn list(&self, prefix: &str) -> Result<Vec<LockName>> {
         let keys = GetOptions::new().with_prefix().with_keys_only();
         let resp = call("list locks", self.config.request_timeout, {

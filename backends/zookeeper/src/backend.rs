@@ -222,6 +222,36 @@ impl LockBackend for ZkBackend {
         ))
     }
 
+    async fn break_lock(&self, name: &LockName) -> Result<Option<FencingToken>> {
+        check_name(name)?;
+        let session = self.session().await?;
+        let dir = self.paths.lock_dir(name);
+        let mut children = match session.client.list_children(&dir).await {
+            Ok(children) => children,
+            Err(zookeeper_client::Error::NoNode) => return Ok(None),
+            Err(e) => return Err(zk_error("list contenders", e)),
+        };
+        children.sort_by(|a, b| sort_key(a).cmp(sort_key(b)));
+        let Some(first) = children.first() else {
+            return Ok(None);
+        };
+        let path = format!("{dir}/{first}");
+        let stat = match session.client.check_stat(&path).await {
+            Ok(Some(stat)) => stat,
+            Ok(None) => return Ok(None),
+            Err(e) => return Err(zk_error("read the holder's node", e)),
+        };
+        // The version pins this incarnation of the node: nothing else is deleted.
+        match session.client.delete(&path, Some(stat.version)).await {
+            Ok(()) => {
+                tracing::warn!(lock = %name, %path, "zookeeper: break: removed the holder's node");
+                Ok(Some(FencingToken::new(stat.czxid.unsigned_abs())))
+            }
+            Err(zookeeper_client::Error::NoNode | zookeeper_client::Error::BadVersion) => Ok(None),
+            Err(e) => Err(zk_error("delete the holder's node", e)),
+        }
+    }
+
     async fn list(&self, prefix: &str) -> Result<Vec<LockName>> {
         let session = self.session().await?;
         let base = &self.config.base_path;
