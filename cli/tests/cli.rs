@@ -39,13 +39,8 @@ fn zk_url() -> String {
 }
 
 fn fencelock(url: &str, args: &[&str]) -> Command {
-    let mut cmd = Command::new(BIN);
-    cmd.env("FENCELOCK_BACKEND", url)
-        .args(args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
+    let mut cmd = bare(args);
+    cmd.env("FENCELOCK_BACKEND", url);
     cmd
 }
 
@@ -323,7 +318,7 @@ async fn without_a_backend_run_status_and_list_refuse_and_mem_warns() {
     let quiet = output("mem://", &["-q", "status", "job"]).await;
     assert_eq!(quiet.status.code(), Some(0));
     assert!(text(&quiet.stderr).is_empty(), "{}", text(&quiet.stderr));
-    // The demo alone keeps its in-memory default.
+    // `run --help` shows run's own exit codes.
     let help = bare(&["run", "--help"]).output().await.unwrap();
     assert!(
         text(&help.stdout).contains("Exit codes"),
