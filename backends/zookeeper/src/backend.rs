@@ -277,12 +277,13 @@ impl LockBackend for ZkBackend {
             .commit()
             .await
             .map_err(|e| zk_error("list locks", e))?;
-        names
+        Ok(names
             .into_iter()
             .zip(results)
             .filter(|(_, r)| matches!(r, MultiReadResult::Children { children } if !children.is_empty()))
-            .map(|(n, _)| LockName::new(n))
-            .collect()
+            // A child that is no lock name was not written by us (review F13): skip it.
+            .filter_map(|(n, _)| LockName::new(n).ok())
+            .collect())
     }
 }
 

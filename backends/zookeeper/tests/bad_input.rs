@@ -105,3 +105,34 @@ async fn names_zookeeper_cannot_store_are_refused() {
         );
     }
 }
+
+/// Review F13: a foreign child of the base path whose name is no valid lock name (here over
+/// 200 bytes), with a contender under it, is skipped by `list`, which used to fail whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_skips_foreign_children_that_are_no_lock_names() {
+    use fencelock::LockBackend;
+    let ensemble = common::shared_standalone();
+    let base = format!("/{}", unique("foreign"));
+    let backend = ZkBackend::connect(common::config(&ensemble.connect_string(), &base))
+        .await
+        .unwrap();
+    let guard = backend.lock("job").await.unwrap();
+    let admin = zookeeper_client::Client::connect(&ensemble.connect_string())
+        .await
+        .unwrap();
+    let foreign = format!("{base}/{}", "x".repeat(230));
+    let mode =
+        zookeeper_client::CreateMode::Persistent.with_acls(zookeeper_client::Acls::anyone_all());
+    admin.create(&foreign, b"", &mode).await.unwrap();
+    admin
+        .create(&format!("{foreign}/child"), b"", &mode)
+        .await
+        .unwrap();
+    let names = backend.list("").await.unwrap();
+    assert_eq!(
+        names.iter().map(|n| n.as_str()).collect::<Vec<_>>(),
+        ["job"],
+        "{names:?}"
+    );
+    drop(guard);
+}
