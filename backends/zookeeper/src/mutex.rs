@@ -18,7 +18,7 @@ use fencelock::raw::{Live, Withdraw};
 use fencelock::{Error, LockName, Result, StateKey};
 use zookeeper_client::{Acls, Client, CreateMode, MultiReadResult};
 
-use crate::paths::{node_tag, sort_key, Paths};
+use crate::paths::{check_no_wrap, node_tag, sort_key, Paths};
 use crate::session::ZkSession;
 use crate::zk_error;
 
@@ -172,6 +172,7 @@ pub(crate) async fn wait_turn(
             Some(MultiReadResult::Data { data, .. }) => Some(data),
             _ => None,
         };
+        check_no_wrap(&dir, &children)?;
         children.sort_by(|a, b| sort_key(a).cmp(sort_key(b)));
         let Some(position) = children.iter().position(|c| *c == node.child) else {
             // Our node is gone: the session expired or someone deleted it.

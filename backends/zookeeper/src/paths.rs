@@ -53,6 +53,25 @@ pub(crate) fn sort_key(child: &str) -> &str {
         .map_or(child, |i| &child[i + LOCK_NAME.len()..])
 }
 
+/// Fails when a contender's sequence number has wrapped past 2^31 - 1: ZooKeeper prints it as a
+/// negative number (`-2147483648`), which Curator's string order puts *before* every older node,
+/// so a newcomer would see itself first while the holder still holds. That takes 2^31 creates
+/// under one lock path that is never empty (an empty one is a container that the server
+/// removes, which restarts the count); refuse clearly rather than hand out a second grant.
+pub(crate) fn check_no_wrap(dir: &str, children: &[String]) -> Result<()> {
+    match children.iter().find(|c| sort_key(c).starts_with('-')) {
+        Some(wrapped) => Err(Error::protocol(
+            crate::KIND,
+            format!(
+                "lock path {dir}: the sequence number of {wrapped} wrapped past 2^31 - 1, so the \
+                 order of its contenders is no longer sound; stop every contender and delete \
+                 {dir} (it is recreated empty)"
+            ),
+        )),
+        None => Ok(()),
+    }
+}
+
 /// ZooKeeper refuses some code points in paths that lock names may otherwise contain.
 pub(crate) fn check_name(name: &LockName) -> Result<()> {
     let bad = name
@@ -101,5 +120,23 @@ mod tests {
         );
         // Kazoo-style and unrelated children sort by their whole name, as in Curator.
         assert_eq!(sort_key("x__lock__0000000001"), "x__lock__0000000001");
+    }
+
+    /// Names on both sides of the 32-bit wrap: the string order would put the wrapped one
+    /// first, so the check refuses it; below the wrap, order and check are fine.
+    #[test]
+    fn a_wrapped_sequence_is_refused_not_misordered() {
+        let before = "_c_a-lock-2147483646".to_owned();
+        let last = "_c_b-lock-2147483647".to_owned();
+        let wrapped = "_c_c-lock--2147483648".to_owned();
+        let mut sane = vec![last.clone(), before.clone()];
+        sane.sort_by(|a, b| sort_key(a).cmp(sort_key(b)));
+        assert_eq!(sane, [before.clone(), last.clone()]);
+        assert!(check_no_wrap("/b/n", &sane).is_ok());
+        let mut all = vec![before, last, wrapped.clone()];
+        all.sort_by(|a, b| sort_key(a).cmp(sort_key(b)));
+        assert_eq!(all[0], wrapped, "string order puts the wrapped node first");
+        let refused = check_no_wrap("/b/n", &all).unwrap_err();
+        assert!(refused.to_string().contains("wrapped"), "{refused}");
     }
 }
