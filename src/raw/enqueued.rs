@@ -11,6 +11,9 @@ use crate::{Error, LockName, Result};
 
 /// How a backend removes the queue entry of an acquire that did not end in a guard.
 pub trait Withdraw<T>: Send + 'static {
+    /// The backend kind, for errors and logs (as [`LockBackend::kind`](crate::LockBackend::kind)).
+    const BACKEND: &'static str;
+
     /// Removes what the first request wrote. `first` is its reply when it returned one (so the
     /// removal can compare what identifies *this* attempt, such as a create revision); `None`
     /// when it failed, and the entry may or may not exist. `Ok` means the store gave a definite
@@ -37,6 +40,7 @@ pub trait Withdraw<T>: Send + 'static {
 /// # use fencelock::raw::{Enqueued, Withdraw, Withdrawals};
 /// struct Undo;
 /// impl Withdraw<u64> for Undo {
+///     const BACKEND: &'static str = "mine";
 ///     async fn withdraw(&mut self, first: Option<&u64>) -> Result<()> {
 ///         let _ = first; // delete the entry, comparing what identifies this attempt
 ///         Ok(())
@@ -99,14 +103,14 @@ impl<T: Send + 'static, W: Withdraw<T>> Enqueued<T, W> {
     pub async fn reply(&mut self) -> Result<&T> {
         if let Some(task) = self.first.as_mut() {
             let out = task.await.map_err(|e| {
-                Error::internal("raw", format!("the first request's task failed: {e}"))
+                Error::internal(W::BACKEND, format!("the first request's task failed: {e}"))
             });
             self.first = None;
             self.reply = Some(out??);
         }
-        self.reply
-            .as_ref()
-            .ok_or_else(|| Error::internal("raw", "the first request's reply was already taken"))
+        self.reply.as_ref().ok_or_else(|| {
+            Error::internal(W::BACKEND, "the first request's reply was already taken")
+        })
     }
 
     /// The acquire was granted: keep the entry. Returns the withdrawal (with whatever it kept,
@@ -133,7 +137,7 @@ impl<T: Send + 'static, W: Withdraw<T>> Drop for Enqueued<T, W> {
         // instance must already see it.
         let withdrawal = withdrawals.begin(&name);
         let (first, reply) = (self.first.take(), self.reply.take());
-        spawn_detached("raw", "withdraw a cancelled acquire", async move {
+        spawn_detached(W::BACKEND, "withdraw a cancelled acquire", async move {
             let reply = match first {
                 Some(task) => task.await.ok().and_then(Result::ok),
                 None => reply,
@@ -143,15 +147,15 @@ impl<T: Send + 'static, W: Withdraw<T>> Drop for Enqueued<T, W> {
             loop {
                 match withdraw.withdraw(reply.as_ref()).await {
                     Ok(()) => {
-                        tracing::debug!(lock = %name, "cancelled acquire withdrawn");
+                        tracing::debug!(backend = W::BACKEND, lock = %name, "cancelled acquire withdrawn");
                         break;
                     }
                     Err(e) if Backoff::should_retry(&e, withdraw.session_alive()) => {
-                        tracing::debug!(lock = %name, error = %e, "withdrawal failed; retrying");
+                        tracing::debug!(backend = W::BACKEND, lock = %name, error = %e, "withdrawal failed; retrying");
                         backoff.pause().await;
                     }
                     Err(e) => {
-                        tracing::warn!(lock = %name, error = %e, "could not withdraw a cancelled acquire; its entry ends with the session");
+                        tracing::warn!(backend = W::BACKEND, lock = %name, error = %e, "could not withdraw a cancelled acquire; its entry ends with the session");
                         break;
                     }
                 }
@@ -189,6 +193,8 @@ mod tests {
     }
 
     impl Withdraw<u64> for Undo {
+        const BACKEND: &'static str = "test";
+
         async fn withdraw(&mut self, first: Option<&u64>) -> Result<()> {
             self.log
                 .calls

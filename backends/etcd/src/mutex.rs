@@ -265,6 +265,8 @@ pub(crate) struct Unqueue {
 }
 
 impl Withdraw<Queued> for Unqueue {
+    const BACKEND: &'static str = crate::KIND;
+
     async fn withdraw(&mut self, first: Option<&Queued>) -> Result<()> {
         let key = self.key.as_str();
         let compare = match first {

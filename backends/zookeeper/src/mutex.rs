@@ -252,6 +252,8 @@ pub(crate) struct Unqueue {
 }
 
 impl Withdraw<Node> for Unqueue {
+    const BACKEND: &'static str = crate::KIND;
+
     async fn withdraw(&mut self, first: Option<&Node>) -> Result<()> {
         let client = &self.session.client;
         let paths = match first {
