@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
-use crate::{Error, FencingToken, LockGuard, LockName, Result, StateKey};
+use futures::stream::{BoxStream, StreamExt};
+
+use crate::{Error, FencingToken, Leader, Leadership, LockGuard, LockName, Result, StateKey};
 
 /// How long an acquire may wait for a lock that someone else holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -179,6 +181,82 @@ pub trait LockBackend: Send + Sync + fmt::Debug {
             what: "break",
         })
     }
+
+    /// Campaigns in the election `name`: waits (under `wait`) to become its leader, publishing
+    /// `value` to observers. An election is a lock whose entry carries the value, so it has a
+    /// lock's guarantees: one leader at a time, a term (fencing token) that grows with every
+    /// leadership, `lost` before the store could elect another, nothing left behind by a
+    /// cancelled campaign. Its entries are laid out as Go's `concurrency.Election` (etcd) and
+    /// Curator's `LeaderLatch` (ZooKeeper) write them; an election and a lock of the same name
+    /// share a queue, so give them different names. The default says the backend does not
+    /// support elections.
+    ///
+    /// # Errors
+    /// As [`acquire`](LockBackend::acquire): [`Error::WouldBlock`], [`Error::Timeout`],
+    /// [`Error::LockLost`] if the session ended while waiting, [`Error::Backend`];
+    /// [`Error::Unsupported`] by default.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: dropping the future withdraws the candidate, as for `acquire`.
+    async fn acquire_leadership(
+        &self,
+        name: &LockName,
+        value: &[u8],
+        wait: Wait,
+    ) -> Result<Leadership> {
+        let _ = (name, value, wait);
+        Err(Error::Unsupported {
+            backend: self.kind(),
+            what: "elections",
+        })
+    }
+
+    /// The leader of the election `name` now, if any, read from the store's current state (not
+    /// a cache). The default says the backend does not support elections.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`], or [`Error::Backend`] when the store cannot be reached.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: it only reads.
+    async fn leader(&self, name: &LockName) -> Result<Option<Leader>> {
+        let _ = name;
+        Err(Error::Unsupported {
+            backend: self.kind(),
+            what: "elections",
+        })
+    }
+
+    /// Every change of the leader of `name`: first the leader now (`None` if there is none),
+    /// then each new leader, each new value, and `None` whenever the election is leaderless.
+    /// Each item comes from a fresh read of the store after a change, so the stream survives
+    /// reconnects and compaction without reporting a stale leader, and coalesces changes that
+    /// come faster than it is read (it never repeats an item). Store failures that may pass are
+    /// retried; the stream yields an error and ends only on one that will not (bad
+    /// credentials, say). The default yields one [`Error::Unsupported`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> fencelock::Result<()> {
+    /// use futures::StreamExt;
+    /// use fencelock::{LockBackend, LockBackendExt, LockName, MemoryBackend};
+    ///
+    /// let backend = MemoryBackend::new();
+    /// let name = LockName::new("scheduler")?;
+    /// let mut changes = backend.observe(&name);
+    /// assert_eq!(changes.next().await.transpose()?, Some(None)); // no leader yet
+    /// let leader = backend.campaign("scheduler", "node-a").await?;
+    /// let seen = changes.next().await.transpose()?.flatten();
+    /// assert_eq!(seen.map(|l| l.value), Some(b"node-a".to_vec()));
+    /// # drop(leader); Ok(()) }
+    /// ```
+    fn observe(&self, name: &LockName) -> BoxStream<'_, Result<Option<Leader>>> {
+        let _ = name;
+        futures::stream::once(futures::future::ready(Err(Error::Unsupported {
+            backend: self.kind(),
+            what: "elections",
+        })))
+        .boxed()
+    }
 }
 
 /// A lock as the store sees it at one moment ([`LockBackend::status`]).
@@ -251,6 +329,20 @@ pub trait HeldLock: Send + Sync + fmt::Debug {
     /// [`Error::NotHeld`] if the store refused; [`Error::Backend`] on store failure.
     async fn delete_state(&self, key: &StateKey) -> Result<bool>;
 
+    /// Replaces the value stored in the grant's own entry if the grant is still ours (an
+    /// election's [`proclaim`](crate::Leadership::proclaim)). The default says the backend
+    /// cannot.
+    ///
+    /// # Errors
+    /// [`Error::NotHeld`] if the store refused; [`Error::Backend`] on store failure.
+    async fn set_value(&self, value: &[u8]) -> Result<()> {
+        let _ = value;
+        Err(Error::Unsupported {
+            backend: "chosen",
+            what: "proclaim",
+        })
+    }
+
     /// Releases without waiting, because the guard was dropped. Needs no caller runtime
     /// context beyond what the backend kept; must not block. A release that fails should go on
     /// while the session lives ([`raw::keep_retrying`](crate::raw::keep_retrying)): an entry left
@@ -294,6 +386,30 @@ pub trait LockBackendExt: LockBackend {
     /// Cancel-safe, as [`LockBackend::acquire`].
     async fn lock_timeout(&self, name: &str, timeout: Duration) -> Result<LockGuard> {
         self.acquire(&LockName::new(name)?, Wait::Timeout(timeout))
+            .await
+    }
+
+    /// Waits to lead the election `name`, publishing `value`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`] for a bad name, then as [`LockBackend::acquire_leadership`].
+    ///
+    /// # Cancel safety
+    /// Cancel-safe, as [`LockBackend::acquire_leadership`].
+    async fn campaign(&self, name: &str, value: impl AsRef<[u8]> + Send) -> Result<Leadership> {
+        self.acquire_leadership(&LockName::new(name)?, value.as_ref(), Wait::Forever)
+            .await
+    }
+
+    /// Leads the election `name` only if it has no leader (nor earlier candidates) now.
+    ///
+    /// # Errors
+    /// [`Error::WouldBlock`] if there is a leader; otherwise as [`LockBackendExt::campaign`].
+    ///
+    /// # Cancel safety
+    /// Cancel-safe, as [`LockBackend::acquire_leadership`].
+    async fn try_campaign(&self, name: &str, value: impl AsRef<[u8]> + Send) -> Result<Leadership> {
+        self.acquire_leadership(&LockName::new(name)?, value.as_ref(), Wait::Try)
             .await
     }
 }

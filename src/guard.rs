@@ -317,6 +317,11 @@ impl LockGuard {
         self.checkpoint.as_deref()
     }
 
+    /// Changes the value of this guard's own entry (an election's published value).
+    pub(crate) async fn set_value(&self, value: &[u8]) -> Result<()> {
+        self.guarded(|held| held.set_value(value)).await
+    }
+
     async fn guarded<'a, T, F, Fut>(&'a self, op: F) -> Result<T>
     where
         F: FnOnce(&'a dyn HeldLock) -> Fut,

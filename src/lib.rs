@@ -32,6 +32,7 @@
 #![forbid(unsafe_code)]
 
 mod backend;
+mod election;
 mod error;
 mod fence;
 mod guard;
@@ -46,6 +47,7 @@ mod withdrawals;
 pub mod testkit;
 
 pub use backend::{LockBackend, LockBackendExt, LockStatus, ReleaseOutcome, Wait};
+pub use election::{Leader, Leadership};
 pub use error::{BoxError, Error, Result, StoreFailure};
 pub use fence::{format_header, parse_header, Fence, FencePermit, FENCING_TOKEN_HEADER};
 pub use guard::LockGuard;

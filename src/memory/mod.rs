@@ -13,8 +13,14 @@ pub use store::MemoryStore;
 use store::Position;
 
 use crate::backend::{LockBackend, ReleaseOutcome, Wait};
-use crate::raw::{check_margin, Grant, HeldLock, LeaseClock, Live, SessionSlot};
-use crate::{Error, FencingToken, LockGuard, LockName, LockStatus, Result, StateKey};
+use futures::stream::BoxStream;
+
+use crate::raw::{
+    check_margin, observe_leader, Grant, HeldLock, LeaderSource, LeaseClock, Live, SessionSlot,
+};
+use crate::{
+    Error, FencingToken, Leader, Leadership, LockGuard, LockName, LockStatus, Result, StateKey,
+};
 
 const KIND: &str = "memory";
 
@@ -172,6 +178,79 @@ impl MemoryBackend {
     }
 }
 
+impl MemoryBackend {
+    async fn acquire_entry(&self, name: &LockName, value: &[u8], wait: Wait) -> Result<LockGuard> {
+        wait.limit(name, async {
+            let session = self.session().await?;
+            let lost = || Error::lost(name);
+            let token = self
+                .store
+                .enqueue(name.as_str(), session.id, value)
+                .ok_or_else(lost)?;
+            let mut pending = Pending {
+                store: &self.store,
+                name: name.as_str(),
+                token: Some(token),
+            };
+            // Each pass ends in a grant, an error, or a wake from the predecessor's removal.
+            loop {
+                match self.store.position(name.as_str(), token) {
+                    Position::Holder { checkpoint } => {
+                        pending.token = None;
+                        let held = MemoryHeld {
+                            session: Arc::clone(&session),
+                            name: name.clone(),
+                            token,
+                        };
+                        let lease = Arc::clone(&session.lease);
+                        return Ok(Grant {
+                            backend: KIND,
+                            name: name.clone(),
+                            token: FencingToken::new(token),
+                            lease,
+                            checkpoint,
+                            held: Box::new(held),
+                        }
+                        .into_guard());
+                    }
+                    Position::Gone => return Err(lost()),
+                    Position::Waiting { .. } if wait == Wait::Try => {
+                        return Err(Error::would_block(name))
+                    }
+                    Position::Waiting { wake } => tokio::select! {
+                        () = wake.notified() => {}
+                        () = session.lease.lost_token().cancelled() => return Err(lost()),
+                    },
+                }
+            }
+        })
+        .await
+    }
+}
+
+/// The memory store as an election's [`LeaderSource`].
+struct Elections<'a>(&'a MemoryStore);
+
+impl LeaderSource for Elections<'_> {
+    type Seen = tokio::sync::watch::Receiver<u64>;
+
+    async fn read(&self, name: &LockName) -> Result<(Option<Leader>, Self::Seen)> {
+        // Subscribed before the read: a change after it is a change the receiver sees.
+        let seen = self.0.subscribe();
+        let leader = self
+            .0
+            .leader(name.as_str())
+            .map(|(token, value)| Leader::new(value, FencingToken::new(token)));
+        Ok((leader, seen))
+    }
+
+    async fn changed(&self, _name: &LockName, mut seen: Self::Seen) -> Result<()> {
+        // An error means the store is gone; the next read says what is left.
+        let _ = seen.changed().await;
+        Ok(())
+    }
+}
+
 impl Default for MemoryBackend {
     fn default() -> Self {
         MemoryBackend::new()
@@ -242,51 +321,25 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn acquire(&self, name: &LockName, wait: Wait) -> Result<LockGuard> {
-        wait.limit(name, async {
-            let session = self.session().await?;
-            let lost = || Error::lost(name);
-            let token = self
-                .store
-                .enqueue(name.as_str(), session.id)
-                .ok_or_else(lost)?;
-            let mut pending = Pending {
-                store: &self.store,
-                name: name.as_str(),
-                token: Some(token),
-            };
-            // Each pass ends in a grant, an error, or a wake from the predecessor's removal.
-            loop {
-                match self.store.position(name.as_str(), token) {
-                    Position::Holder { checkpoint } => {
-                        pending.token = None;
-                        let held = MemoryHeld {
-                            session: Arc::clone(&session),
-                            name: name.clone(),
-                            token,
-                        };
-                        let lease = Arc::clone(&session.lease);
-                        return Ok(Grant {
-                            backend: KIND,
-                            name: name.clone(),
-                            token: FencingToken::new(token),
-                            lease,
-                            checkpoint,
-                            held: Box::new(held),
-                        }
-                        .into_guard());
-                    }
-                    Position::Gone => return Err(lost()),
-                    Position::Waiting { .. } if wait == Wait::Try => {
-                        return Err(Error::would_block(name))
-                    }
-                    Position::Waiting { wake } => tokio::select! {
-                        () = wake.notified() => {}
-                        () = session.lease.lost_token().cancelled() => return Err(lost()),
-                    },
-                }
-            }
-        })
-        .await
+        self.acquire_entry(name, b"", wait).await
+    }
+
+    async fn acquire_leadership(
+        &self,
+        name: &LockName,
+        value: &[u8],
+        wait: Wait,
+    ) -> Result<Leadership> {
+        let guard = self.acquire_entry(name, value, wait).await?;
+        Ok(Leadership::new(guard, value.to_vec()))
+    }
+
+    async fn leader(&self, name: &LockName) -> Result<Option<Leader>> {
+        Ok(Elections(&self.store).read(name).await?.0)
+    }
+
+    fn observe(&self, name: &LockName) -> BoxStream<'_, Result<Option<Leader>>> {
+        observe_leader(KIND, Elections(&self.store), name.clone())
     }
 
     async fn status(&self, name: &LockName) -> Result<LockStatus> {
@@ -360,6 +413,18 @@ impl HeldLock for MemoryHeld {
 
     async fn delete_state(&self, key: &StateKey) -> Result<bool> {
         self.with_values(|values, slot| values.remove(&slot).is_some(), key)
+    }
+
+    async fn set_value(&self, value: &[u8]) -> Result<()> {
+        if self
+            .session
+            .store
+            .set_value(self.name.as_str(), self.token, value)
+        {
+            Ok(())
+        } else {
+            Err(self.refused())
+        }
     }
 
     fn release_in_background(self: Box<Self>) {

@@ -33,6 +33,23 @@ struct State {
     /// Per lock: entries in grant order; the front one holds the lock.
     queues: HashMap<String, VecDeque<Entry>>,
     values: HashMap<(String, String), Vec<u8>>,
+    changes: Changes,
+}
+
+/// Counts every change of a queue (entries and their values), for elections' `observe`.
+#[derive(Debug)]
+struct Changes(tokio::sync::watch::Sender<u64>);
+
+impl Default for Changes {
+    fn default() -> Self {
+        Changes(tokio::sync::watch::Sender::new(0))
+    }
+}
+
+impl Changes {
+    fn bump(&self) {
+        self.0.send_modify(|n| *n += 1);
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -42,6 +59,8 @@ struct Entry {
     since: Instant,
     /// Woken when this entry becomes the holder or is removed.
     wake: Arc<Notify>,
+    /// An election candidate's published value (empty for locks).
+    value: Vec<u8>,
 }
 
 /// Where a queued entry stands.
@@ -158,7 +177,7 @@ impl MemoryStore {
     }
 
     /// Queues a new entry for `name` under session `id`; `None` if the session has expired.
-    pub(super) fn enqueue(&self, name: &str, session: u64) -> Option<u64> {
+    pub(super) fn enqueue(&self, name: &str, session: u64, value: &[u8]) -> Option<u64> {
         let mut state = self.state();
         if !state.sessions.contains_key(&session) {
             return None;
@@ -174,7 +193,9 @@ impl MemoryStore {
                 session,
                 since: Instant::now(),
                 wake: Arc::new(Notify::new()),
+                value: value.to_vec(),
             });
+        state.changes.bump();
         Some(token)
     }
 
@@ -198,6 +219,32 @@ impl MemoryStore {
     }
 
     /// Removes the entry; true if it was there.
+    /// The first entry of `name`: (token, value).
+    pub(super) fn leader(&self, name: &str) -> Option<(u64, Vec<u8>)> {
+        let state = self.state();
+        let first = state.queues.get(name)?.front()?;
+        Some((first.token, first.value.clone()))
+    }
+
+    /// A receiver that sees every later change of any queue.
+    pub(super) fn subscribe(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.state().changes.0.subscribe()
+    }
+
+    /// Replaces the value of entry `token` if it is the holder; false if it is not.
+    pub(super) fn set_value(&self, name: &str, token: u64, value: &[u8]) -> bool {
+        let mut state = self.state();
+        let Some(first) = state.queues.get_mut(name).and_then(|q| q.front_mut()) else {
+            return false;
+        };
+        if first.token != token {
+            return false;
+        }
+        first.value = value.to_vec();
+        state.changes.bump();
+        true
+    }
+
     pub(super) fn remove(&self, name: &str, token: u64) -> bool {
         self.state().remove_entry(name, token)
     }
@@ -237,6 +284,7 @@ impl State {
         if queue.is_empty() {
             self.queues.remove(name);
         }
+        self.changes.bump();
         true
     }
 

@@ -27,6 +27,7 @@
 //! the public API.
 
 mod checks;
+mod election;
 mod faults;
 
 use std::future::Future;
@@ -35,6 +36,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 
 pub use checks::*;
+pub use election::*;
 pub use faults::cut_off_holder;
 
 use crate::{LockBackend, LockName};
@@ -89,7 +91,9 @@ macro_rules! conformance_tests {
             stale_fenced_writes_refused, checkpoint_handed_to_successor, drop_releases,
             many_locks_on_one_instance, same_instance_contends, invalid_names_rejected,
             fenced_state_round_trip, try_after_own_cancelled_acquire, status_and_list,
-            break_lets_the_next_contender_in);
+            break_lets_the_next_contender_in, election_one_leader_at_a_time,
+            election_observe_sees_every_change, election_resign_hands_over_at_once,
+            election_session_loss_ends_leadership, election_cancelled_campaign_leaves_nothing);
     };
     (@each $factory:expr; $($check:ident),* $(,)?) => {
         $(
@@ -107,7 +111,7 @@ mod tests {
     /// The names `conformance_tests!` runs, and the checks `checks.rs` defines, are the same.
     #[test]
     fn every_check_is_run() {
-        let checks = include_str!("checks.rs");
+        let checks = [include_str!("checks.rs"), include_str!("election.rs")].concat();
         let mut defined: Vec<&str> = checks
             .lines()
             .filter_map(|l| l.strip_prefix("pub async fn "))
@@ -127,7 +131,7 @@ mod tests {
             .collect();
         defined.sort_unstable();
         listed.sort_unstable();
-        assert!(defined.len() >= 16, "found only {defined:?}");
+        assert!(defined.len() >= 22, "found only {defined:?}");
         assert_eq!(defined, listed, "conformance_tests! must list every check");
     }
 }

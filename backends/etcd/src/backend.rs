@@ -7,9 +7,14 @@ use async_trait::async_trait;
 use etcd_client::{
     Certificate, Client, ConnectOptions, GetOptions, Identity, SortOrder, SortTarget, TlsOptions,
 };
-use fencelock::raw::{Enqueued, Grant, SessionSlot};
-use fencelock::{Error, FencingToken, LockBackend, LockGuard, LockName, LockStatus, Result, Wait};
+use fencelock::raw::{observe_leader, Enqueued, Grant, LeaderSource, SessionSlot};
+use fencelock::{
+    Error, FencingToken, Leader, Leadership, LockBackend, LockGuard, LockName, LockStatus, Result,
+    Wait,
+};
+use futures::stream::BoxStream;
 
+use crate::election::Elections;
 use crate::held::EtcdHeld;
 use crate::keys::Keys;
 use crate::mutex::{self, Granted, Unqueue};
@@ -132,13 +137,27 @@ impl EtcdBackend {
         self.session.live().await.map(|s| s.lease)
     }
 
+    fn elections(&self) -> Elections<'_> {
+        Elections {
+            client: &self.client,
+            keys: &self.keys,
+            limit: self.config.request_timeout,
+            idle: self.config.ttl,
+        }
+    }
+
     async fn session(&self) -> Result<Arc<Session>> {
         self.session
             .get_or_open(|| Session::grant(&self.client, &self.config))
             .await
     }
 
-    async fn acquire_once(&self, name: &LockName, try_once: bool) -> Result<LockGuard> {
+    async fn acquire_once(
+        &self,
+        name: &LockName,
+        try_once: bool,
+        entry: Entry<'_>,
+    ) -> Result<LockGuard> {
         let session = self.session().await?;
         let limit = self.config.request_timeout;
         session.withdrawals.settled(name, limit).await;
@@ -153,7 +172,13 @@ impl EtcdBackend {
                 .await
                 .ok_or_else(|| Error::lost(name))?
         };
-        let value = mutex::attempt_value();
+        let (value, unique) = match entry {
+            Entry::Lock => {
+                let value = mutex::attempt_value();
+                (value.clone().into_bytes(), Some(value))
+            }
+            Entry::Candidate(value) => (value.to_vec(), None),
+        };
         let enqueue = {
             // Handles, not clones: a `Client` by value would make every acquire future
             // (and this task) kilobytes larger, and moving them costs on the hot path.
@@ -170,7 +195,7 @@ impl EtcdBackend {
             client: Arc::clone(&self.client),
             session: Arc::clone(&session),
             key: self.keys.lock_key(name, session.lease),
-            value,
+            value: unique,
             limit,
             turn,
         };
@@ -218,7 +243,16 @@ impl EtcdBackend {
                 "a granted acquire lost its queue entry",
             ));
         };
-        let token = FencingToken::new(granted.token.unsigned_abs());
+        // A candidate's term is its key's create revision: what observers (ours, Go's) see of
+        // the leader, and increasing from one leader to the next, since leaders are elected
+        // in create order. A lock's token is the grant revision, as etcdctl's.
+        let token = FencingToken::new(
+            match entry {
+                Entry::Lock => granted.token,
+                Entry::Candidate(_) => queued.created,
+            }
+            .unsigned_abs(),
+        );
         tracing::info!(lock = %name, %token, key = %queued.key, created = queued.created, "etcd: acquired");
         let (held_key, created) = (queued.key.clone(), queued.created);
         let held = EtcdHeld {
@@ -230,6 +264,7 @@ impl EtcdBackend {
             token,
             limit,
             ttl: self.config.ttl,
+            lease: session.lease,
             _session: Arc::clone(&session),
             _turn: unqueue.turn,
         };
@@ -251,6 +286,15 @@ impl EtcdBackend {
     }
 }
 
+/// What an acquire puts in the queue.
+#[derive(Clone, Copy)]
+enum Entry<'a> {
+    /// A lock's key, with a value unique to the attempt.
+    Lock,
+    /// An election candidate's key, with the value it publishes (as Go's `Campaign`).
+    Candidate(&'a [u8]),
+}
+
 #[async_trait]
 impl LockBackend for EtcdBackend {
     fn kind(&self) -> &'static str {
@@ -260,13 +304,44 @@ impl LockBackend for EtcdBackend {
     async fn acquire(&self, name: &LockName, wait: Wait) -> Result<LockGuard> {
         let try_once = wait == Wait::Try;
         wait.limit(name, async {
-            match self.acquire_once(name, try_once).await {
+            match self.acquire_once(name, try_once, Entry::Lock).await {
                 // The session was lost on the spot; one more try opens a new one.
-                Err(e) if crate::lease_gone(&e) => self.acquire_once(name, try_once).await,
+                Err(e) if crate::lease_gone(&e) => {
+                    self.acquire_once(name, try_once, Entry::Lock).await
+                }
                 outcome => outcome,
             }
         })
         .await
+    }
+
+    async fn acquire_leadership(
+        &self,
+        name: &LockName,
+        value: &[u8],
+        wait: Wait,
+    ) -> Result<Leadership> {
+        let try_once = wait == Wait::Try;
+        let entry = Entry::Candidate(value);
+        let guard = wait
+            .limit(name, async {
+                match self.acquire_once(name, try_once, entry).await {
+                    Err(e) if crate::lease_gone(&e) => {
+                        self.acquire_once(name, try_once, entry).await
+                    }
+                    outcome => outcome,
+                }
+            })
+            .await?;
+        Ok(Leadership::new(guard, value.to_vec()))
+    }
+
+    async fn leader(&self, name: &LockName) -> Result<Option<Leader>> {
+        Ok(self.elections().read(name).await?.0)
+    }
+
+    fn observe(&self, name: &LockName) -> BoxStream<'_, Result<Option<Leader>>> {
+        observe_leader(KIND, self.elections(), name.clone())
     }
 
     async fn status(&self, name: &LockName) -> Result<LockStatus> {
@@ -394,7 +469,7 @@ mod tests {
         // Attempt N of b: queued behind a, then withdrawn (cancelled).
         let session = b.session().await.unwrap();
         let value = mutex::attempt_value();
-        let queued = mutex::enqueue(&b.client, &b.keys, &name, &session, &value, LIMIT)
+        let queued = mutex::enqueue(&b.client, &b.keys, &name, &session, value.as_bytes(), LIMIT)
             .await
             .unwrap();
         assert!(!queued.owner);
@@ -403,7 +478,7 @@ mod tests {
             client: Arc::clone(&b.client),
             session: Arc::clone(&session),
             key: b.keys.lock_key(&name, session.lease),
-            value,
+            value: Some(value),
             limit: LIMIT,
             turn,
         };
@@ -434,7 +509,7 @@ mod tests {
     async fn the_acquire_future_stays_small() {
         let (_cluster, backend) = single_node_backend().await;
         let name = LockName::new("job").unwrap();
-        let size = std::mem::size_of_val(&backend.acquire_once(&name, false));
+        let size = std::mem::size_of_val(&backend.acquire_once(&name, false, Entry::Lock));
         assert!(size <= 2048, "the acquire future is {size} bytes");
     }
 }

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
 use fencelock::raw::{keep_retrying, spawn_detached, HeldLock};
 use fencelock::{Error, FencingToken, LockName, ReleaseOutcome, Result, StateKey};
 use tokio::sync::OwnedMutexGuard;
@@ -27,6 +27,8 @@ pub(crate) struct EtcdHeld {
     pub(crate) token: FencingToken,
     pub(crate) limit: Duration,
     pub(crate) ttl: Duration,
+    /// The session's lease, which a proclaimed value is put with (as the key was).
+    pub(crate) lease: i64,
     /// Keeps the session (and its lease) alive while the guard lives.
     pub(crate) _session: Arc<Session>,
     /// This session's turn on the name, held until the release is done.
@@ -120,6 +122,16 @@ impl HeldLock for EtcdHeld {
             Some(TxnOpResponse::Delete(deleted)) => deleted.deleted() > 0,
             _ => false,
         })
+    }
+
+    async fn set_value(&self, value: &[u8]) -> Result<()> {
+        // As Go's `Election.Proclaim`: a put of our own key, with its lease, if it is still ours.
+        let op = TxnOp::put(
+            self.key.as_str(),
+            value.to_vec(),
+            Some(PutOptions::new().with_lease(self.lease)),
+        );
+        self.fenced("proclaim", op).await.map(drop)
     }
 
     fn release_in_background(self: Box<Self>) {

@@ -69,6 +69,7 @@
 
 mod backend;
 mod config;
+mod election;
 mod held;
 mod keys;
 mod mutex;

@@ -37,14 +37,14 @@ pub(crate) struct Granted {
     pub(crate) checkpoint: Option<Vec<u8>>,
 }
 
-/// Puts our key in the queue, with `value` (unique to this attempt); tells whether we already
-/// own the lock.
+/// Puts our key in the queue, with `value` (a lock's is unique to this attempt; a candidate's
+/// is what it publishes); tells whether we already own the lock.
 pub(crate) async fn enqueue(
     client: &Client,
     keys: &Keys,
     name: &LockName,
     session: &Session,
-    value: &str,
+    value: &[u8],
     limit: Duration,
 ) -> Result<Queued> {
     let key = keys.lock_key(name, session.lease);
@@ -57,7 +57,7 @@ pub(crate) async fn enqueue(
             .and_then([
                 TxnOp::put(
                     key.as_str(),
-                    value,
+                    value.to_vec(),
                     Some(PutOptions::new().with_lease(session.lease)),
                 ),
                 TxnOp::get(prefix.as_str(), Some(first_created())),
@@ -251,15 +251,19 @@ async fn watch_delete(
 /// Withdraws the key of an acquire that did not end in a guard ([`fencelock::raw::Enqueued`]).
 ///
 /// With the enqueue's reply, the delete compares the key's create revision, so it can only
-/// remove *this* attempt's key; without one (the enqueue failed: its Put may or may not have
-/// landed) it compares the lease, which is safe because this session's turn on the name is held
-/// here until the withdrawal is done, so no later key of ours can exist yet.
+/// remove *this* attempt's key. Without one (the enqueue failed: its Put may or may not have
+/// landed), a lock's delete compares the attempt's unique value; a candidate's value is the
+/// user's and need not be unique, so its withdrawal first reads the key and deletes that
+/// incarnation by create revision. Both are safe because this session's turn on the name is
+/// held here until the withdrawal is done, so no later key of ours can exist yet, and a late
+/// retry of either delete can only hit this attempt's key.
 pub(crate) struct Unqueue {
     pub(crate) client: std::sync::Arc<Client>,
     pub(crate) session: std::sync::Arc<Session>,
     pub(crate) key: String,
-    /// The value this attempt's enqueue writes ([`attempt_value`]).
-    pub(crate) value: String,
+    /// The value this attempt's enqueue writes, if it is unique to the attempt
+    /// ([`attempt_value`]); `None` for a candidate.
+    pub(crate) value: Option<String>,
     pub(crate) limit: Duration,
     pub(crate) turn: OwnedMutexGuard<()>,
 }
@@ -269,11 +273,22 @@ impl Withdraw<Queued> for Unqueue {
 
     async fn withdraw(&mut self, first: Option<&Queued>) -> Result<()> {
         let key = self.key.as_str();
-        let compare = match first {
-            Some(queued) => Compare::create_revision(key, CompareOp::Equal, queued.created),
+        let compare = match (first, &self.value) {
+            (Some(queued), _) => Compare::create_revision(key, CompareOp::Equal, queued.created),
             // The value is unique to this attempt: a retry of this withdrawal that lands late
             // cannot delete a later key of ours (the lease would match that one too).
-            None => Compare::value(key, CompareOp::Equal, self.value.as_str()),
+            (None, Some(value)) => Compare::value(key, CompareOp::Equal, value.as_str()),
+            (None, None) => {
+                let mut kv = self.client.kv_client();
+                let now = call("read a cancelled candidate's key", self.limit, async move {
+                    kv.get(key, None).await
+                })
+                .await?;
+                let Some(created) = now.kvs().first().map(|kv| kv.create_revision()) else {
+                    return Ok(()); // the Put never landed
+                };
+                Compare::create_revision(key, CompareOp::Equal, created)
+            }
         };
         let txn = Txn::new()
             .when([compare])

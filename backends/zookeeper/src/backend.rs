@@ -3,13 +3,20 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use fencelock::raw::{Enqueued, Grant, SessionSlot};
-use fencelock::{Error, FencingToken, LockBackend, LockGuard, LockName, LockStatus, Result, Wait};
+use std::sync::atomic::AtomicI32;
+
+use fencelock::raw::{observe_leader, Enqueued, Grant, LeaderSource, SessionSlot};
+use fencelock::{
+    Error, FencingToken, Leader, Leadership, LockBackend, LockGuard, LockName, LockStatus, Result,
+    Wait,
+};
+use futures::stream::BoxStream;
 use zookeeper_client::{Acls, CreateMode, MultiReadResult};
 
+use crate::election::Elections;
 use crate::held::ZkHeld;
 use crate::mutex::{self, Unqueue};
-use crate::paths::{check_name, sort_key, Paths};
+use crate::paths::{check_name, sort_key, Paths, Recipe};
 use crate::session::ZkSession;
 use crate::{zk_error, ZkConfig, KIND};
 
@@ -106,31 +113,46 @@ impl ZkBackend {
             .map(|s| s.client.session().clone())
     }
 
-    async fn session(&self) -> Result<Arc<ZkSession>> {
+    pub(crate) fn paths(&self) -> &Paths {
+        &self.paths
+    }
+
+    pub(crate) async fn session(&self) -> Result<Arc<ZkSession>> {
         self.session
             .get_or_open(|| ZkSession::connect(&self.config))
             .await
     }
 
-    async fn acquire_once(&self, name: &LockName, try_once: bool) -> Result<LockGuard> {
+    async fn acquire_once(
+        &self,
+        name: &LockName,
+        try_once: bool,
+        entry: Entry<'_>,
+    ) -> Result<LockGuard> {
+        let (recipe, data) = match entry {
+            Entry::Lock => (Recipe::Mutex, &b""[..]),
+            Entry::Candidate(value) => (Recipe::Latch, value),
+        };
         let session = self.session().await?;
         let limit = self.config.request_timeout;
         session.withdrawals.settled(name, limit).await;
         let id = uuid::Uuid::new_v4().to_string();
         let create = {
-            let (client, paths, name, id, acls) = (
+            let (client, paths, name, id, data, acls) = (
                 session.client.clone(),
                 self.paths.clone(),
                 name.clone(),
                 id.clone(),
+                data.to_vec(),
                 self.acls,
             );
-            async move { mutex::create(&client, &paths, &name, &id, acls, limit).await }
+            async move { mutex::create(&client, &paths, &name, (&id, recipe), &data, acls, limit).await }
         };
         let unqueue = Unqueue {
             session: Arc::clone(&session),
             dir: self.paths.lock_dir(name),
             id,
+            recipe,
             limit,
         };
         let mut pending = Enqueued::spawn(&session.withdrawals, name, create, unqueue);
@@ -143,6 +165,7 @@ impl ZkBackend {
         tracing::info!(lock = %name, path = %node.path, czxid = node.czxid, "zookeeper: acquired");
         let token = FencingToken::new(node.czxid.unsigned_abs());
         let path = node.path.clone();
+        let own_version = Arc::new(AtomicI32::new(0));
         let held = ZkHeld {
             session: Arc::clone(&session),
             paths: self.paths.clone(),
@@ -150,6 +173,7 @@ impl ZkBackend {
             node,
             acls: self.acls,
             limit,
+            own_version: Arc::clone(&own_version),
         };
         let (guard, trigger) = Grant {
             backend: KIND,
@@ -163,12 +187,31 @@ impl ZkBackend {
         tokio::spawn(mutex::watch_own_node(
             session.client.clone(),
             path.clone(),
+            own_version,
             trigger.clone(),
             session.clock.lost_token().clone(),
         ));
         session.register(&path, trigger);
         Ok(guard)
     }
+}
+
+impl ZkBackend {
+    fn elections(&self) -> Elections<'_> {
+        Elections {
+            backend: self,
+            idle: self.config.session_timeout,
+        }
+    }
+}
+
+/// What an acquire creates.
+#[derive(Clone, Copy)]
+enum Entry<'a> {
+    /// A lock's node (Curator's `InterProcessMutex`), empty.
+    Lock,
+    /// An election candidate's node (Curator's `LeaderLatch`), holding its value.
+    Candidate(&'a [u8]),
 }
 
 #[async_trait]
@@ -179,8 +222,33 @@ impl LockBackend for ZkBackend {
 
     async fn acquire(&self, name: &LockName, wait: Wait) -> Result<LockGuard> {
         check_name(name)?;
-        wait.limit(name, self.acquire_once(name, wait == Wait::Try))
-            .await
+        wait.limit(
+            name,
+            self.acquire_once(name, wait == Wait::Try, Entry::Lock),
+        )
+        .await
+    }
+
+    async fn acquire_leadership(
+        &self,
+        name: &LockName,
+        value: &[u8],
+        wait: Wait,
+    ) -> Result<Leadership> {
+        check_name(name)?;
+        let entry = Entry::Candidate(value);
+        let guard = wait
+            .limit(name, self.acquire_once(name, wait == Wait::Try, entry))
+            .await?;
+        Ok(Leadership::new(guard, value.to_vec()))
+    }
+
+    async fn leader(&self, name: &LockName) -> Result<Option<Leader>> {
+        Ok(self.elections().read(name).await?.0)
+    }
+
+    fn observe(&self, name: &LockName) -> BoxStream<'_, Result<Option<Leader>>> {
+        observe_leader(KIND, self.elections(), name.clone())
     }
 
     async fn status(&self, name: &LockName) -> Result<LockStatus> {
@@ -313,7 +381,8 @@ mod tests {
             &session.client,
             &backend.paths,
             &name,
-            &leftover,
+            (&leftover, Recipe::Mutex),
+            b"",
             backend.acls,
             limit,
         )
@@ -324,6 +393,7 @@ mod tests {
             session: Arc::clone(&session),
             dir: backend.paths.lock_dir(&name),
             id: leftover,
+            recipe: Recipe::Mutex,
             limit,
         };
         tokio::spawn(async move {
@@ -347,7 +417,7 @@ mod tests {
             session: SessionSlot::new(),
         };
         let name = LockName::new("job").unwrap();
-        let size = std::mem::size_of_val(&backend.acquire_once(&name, false));
+        let size = std::mem::size_of_val(&backend.acquire_once(&name, false, Entry::Lock));
         assert!(size <= 2048, "the acquire future is {size} bytes");
     }
 }

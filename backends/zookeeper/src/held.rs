@@ -1,6 +1,7 @@
 //! The store half of a ZooKeeper lock: release by path and version, fenced state by multi-ops
 //! with a check on our lock node.
 
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,8 +15,9 @@ use crate::paths::Paths;
 use crate::session::ZkSession;
 use crate::zk_error;
 
-/// The check is `version(our node) == 0`: true exactly while our node exists, which is exactly
-/// while we hold the lock (nodes created later sort after ours).
+/// The check is that our node exists (any version): true exactly while we hold the lock (nodes
+/// created later sort after ours; the path carries our per-acquire uuid, so no other node can
+/// have it). A leader's proclaim changes the node's data, and so its version.
 pub(crate) struct ZkHeld {
     pub(crate) session: Arc<ZkSession>,
     pub(crate) paths: Paths,
@@ -23,6 +25,8 @@ pub(crate) struct ZkHeld {
     pub(crate) node: Node,
     pub(crate) acls: Acls<'static>,
     pub(crate) limit: Duration,
+    /// The version our own writes give the node (see `mutex::watch_own_node`).
+    pub(crate) own_version: Arc<AtomicI32>,
 }
 
 impl std::fmt::Debug for ZkHeld {
@@ -53,7 +57,7 @@ impl ZkHeld {
     async fn checked(&self, path: &str, write: Write<'_>) -> Result<bool> {
         let client = &self.session.client;
         let mut writer = client
-            .new_check_writer(&self.node.path, Some(0))
+            .new_check_writer(&self.node.path, None)
             .map_err(|e| zk_error("fenced write", e))?;
         let added = match write {
             Write::Set(value) => writer.add_set_data(path, value, None),
@@ -162,6 +166,37 @@ impl HeldLock for ZkHeld {
     async fn delete_state(&self, key: &StateKey) -> Result<bool> {
         let path = self.paths.state(&self.name, key);
         self.checked(&path, Write::Delete).await
+    }
+
+    async fn set_value(&self, value: &[u8]) -> Result<()> {
+        let client = &self.session.client;
+        let current = self.own_version.load(Ordering::SeqCst);
+        // Before the write: its watch event may come before its reply.
+        self.own_version.store(current + 1, Ordering::SeqCst);
+        let set = tokio::time::timeout(
+            self.limit,
+            client.set_data(&self.node.path, value, Some(current)),
+        )
+        .await;
+        match set {
+            Ok(Ok(_)) => Ok(()),
+            // Gone, or changed by someone else: either way no longer ours alone.
+            Ok(Err(zookeeper_client::Error::NoNode | zookeeper_client::Error::BadVersion)) => {
+                Err(self.refused())
+            }
+            outcome => {
+                // Landed or not: the node's version says which, for the next proclaim.
+                if let Ok(Some(stat)) = client.check_stat(&self.node.path).await {
+                    if stat.czxid == self.node.czxid {
+                        self.own_version.store(stat.version, Ordering::SeqCst);
+                    }
+                }
+                Err(match outcome {
+                    Ok(Err(e)) => zk_error("proclaim", e),
+                    _ => Error::timed_out(crate::KIND, "proclaim", self.limit),
+                })
+            }
+        }
     }
 
     fn release_in_background(self: Box<Self>) {

@@ -46,6 +46,7 @@
 
 mod backend;
 mod config;
+mod election;
 mod held;
 mod mutex;
 mod paths;

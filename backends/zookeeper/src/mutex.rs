@@ -18,7 +18,7 @@ use fencelock::raw::{Live, Withdraw};
 use fencelock::{Error, LockName, Result, StateKey};
 use zookeeper_client::{Acls, Client, CreateMode, MultiReadResult};
 
-use crate::paths::{check_no_wrap, node_tag, sort_key, Paths};
+use crate::paths::{check_no_wrap, node_tag, sort_key, Paths, Recipe};
 use crate::session::ZkSession;
 use crate::zk_error;
 
@@ -32,16 +32,18 @@ pub(crate) struct Node {
 
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
 
+/// Creates our node with `data` (a candidate's value; empty for a lock).
 pub(crate) async fn create(
     client: &Client,
     paths: &Paths,
     name: &LockName,
-    id: &str,
+    (id, recipe): (&str, Recipe),
+    data: &[u8],
     acls: Acls<'static>,
     limit: Duration,
 ) -> Result<Node> {
     let dir = paths.lock_dir(name);
-    let prefix = paths.node_prefix(name, id);
+    let prefix = paths.node_prefix(name, id, recipe);
     // A few passes: a missing parent, or a container the server removed in between, or a lost
     // reply, each costs one more.
     for _ in 0..5 {
@@ -49,7 +51,7 @@ pub(crate) async fn create(
             limit,
             client.create(
                 &prefix,
-                b"",
+                data,
                 &CreateMode::EphemeralSequential.with_acls(acls),
             ),
         )
@@ -72,7 +74,7 @@ pub(crate) async fn create(
                 }
             }
             Ok(Err(zookeeper_client::Error::ConnectionLoss)) | Err(_) => {
-                if let Some(node) = find(client, &dir, id).await? {
+                if let Some(node) = find(client, &dir, &node_tag(id, recipe)).await? {
                     tracing::debug!(path = %node.path, "zookeeper: adopted our node after a lost reply");
                     return Ok(node);
                 }
@@ -89,8 +91,7 @@ pub(crate) async fn create(
 }
 
 /// Our node by its tag, if it exists and belongs to our session (CURATOR-498).
-async fn find(client: &Client, dir: &str, id: &str) -> Result<Option<Node>> {
-    let tag = node_tag(id);
+async fn find(client: &Client, dir: &str, tag: &str) -> Result<Option<Node>> {
     let children = match client.list_children(dir).await {
         Ok(children) => children,
         Err(zookeeper_client::Error::NoNode | zookeeper_client::Error::ConnectionLoss) => {
@@ -98,7 +99,7 @@ async fn find(client: &Client, dir: &str, id: &str) -> Result<Option<Node>> {
         }
         Err(e) => return Err(zk_error("look for our lock node", e)),
     };
-    for child in children.into_iter().filter(|c| c.starts_with(&tag)) {
+    for child in children.into_iter().filter(|c| c.starts_with(tag)) {
         let path = format!("{dir}/{child}");
         if let Ok(Some(stat)) = client.check_stat(&path).await {
             if stat.ephemeral_owner == client.session_id().0 {
@@ -207,8 +208,10 @@ async fn pause_or_lost(session: &ZkSession, name: &LockName) -> Result<()> {
     }
 }
 
-/// Deletes our node (version 0: its data never changes); true if it was there. Retried on
-/// connection loss within `budget`.
+/// Deletes our node, whatever its version (as Curator does: the path carries our per-acquire
+/// uuid, so it cannot name anyone else's node; a version would leave a node whose data someone
+/// changed undeletable, review F5); true if it was there. Retried on connection loss within
+/// `budget`.
 pub(crate) async fn delete_node(
     client: &Client,
     path: &str,
@@ -218,11 +221,9 @@ pub(crate) async fn delete_node(
     let start = tokio::time::Instant::now();
     // Bounded by `budget`.
     loop {
-        match tokio::time::timeout(attempt, client.delete(path, Some(0))).await {
+        match tokio::time::timeout(attempt, client.delete(path, None)).await {
             Ok(Ok(())) => return Ok(true),
-            Ok(Err(zookeeper_client::Error::NoNode | zookeeper_client::Error::BadVersion)) => {
-                return Ok(false)
-            }
+            Ok(Err(zookeeper_client::Error::NoNode)) => return Ok(false),
             Ok(Err(
                 e @ (zookeeper_client::Error::SessionExpired
                 | zookeeper_client::Error::ClientClosed),
@@ -248,6 +249,7 @@ pub(crate) struct Unqueue {
     pub(crate) session: std::sync::Arc<ZkSession>,
     pub(crate) dir: String,
     pub(crate) id: String,
+    pub(crate) recipe: Recipe,
     pub(crate) limit: Duration,
 }
 
@@ -259,7 +261,7 @@ impl Withdraw<Node> for Unqueue {
         let paths = match first {
             Some(node) => vec![node.path.clone()],
             None => {
-                let tag = node_tag(&self.id);
+                let tag = node_tag(&self.id, self.recipe);
                 let listed =
                     tokio::time::timeout(self.limit, client.list_children(&self.dir)).await;
                 match listed {
@@ -292,45 +294,79 @@ impl Withdraw<Node> for Unqueue {
 /// within about one round trip, where a probe would not notice at all. One exists-watch request
 /// per grant, sent after the grant. Ends with the node (our own release deletes it) or with the
 /// session (`session_over`); the watch survives reconnects (the client resets it).
+///
+/// A data change of our own (a leader's proclaim) is no loss: `own_version` is the highest
+/// version our own writes can have given the node, set before each is sent (ZooKeeper may tell
+/// the watcher before the writer's reply arrives); the watch is then set again.
 pub(crate) async fn watch_own_node(
     client: Client,
     path: String,
+    own_version: std::sync::Arc<std::sync::atomic::AtomicI32>,
     trigger: tokio_util::sync::CancellationToken,
     session_over: tokio_util::sync::CancellationToken,
 ) {
+    use std::sync::atomic::Ordering;
     use zookeeper_client::EventType;
-    if trigger.is_cancelled() {
-        return; // released (or lost) before this task ran: nothing to watch, send nothing
+    // One pass per data change of our own; each sends one exists-watch.
+    loop {
+        if trigger.is_cancelled() {
+            return; // released (or lost) before this task ran: nothing to watch, send nothing
+        }
+        let watched = tokio::select! {
+            () = trigger.cancelled() => return,
+            watched = client.check_and_watch_stat(&path) => watched,
+        };
+        if let Ok((Some(stat), _)) = &watched {
+            if stat.version > own_version.load(Ordering::SeqCst) {
+                tracing::warn!(%path, version = stat.version, "zookeeper: our lock node was changed behind our back; lock lost");
+                trigger.cancel();
+                return;
+            }
+        }
+        match watch_once(watched, &path, &trigger, &session_over).await {
+            Some(EventType::NodeDataChanged) => continue, // the stat above tells whose
+            Some(EventType::NodeDeleted) if !trigger.is_cancelled() => {
+                tracing::warn!(%path, "zookeeper: our lock node was deleted behind our back; lock lost");
+                trigger.cancel();
+                return;
+            }
+            _ => return,
+        }
     }
-    let watched = tokio::select! {
-        () = trigger.cancelled() => return,
-        watched = client.check_and_watch_stat(&path) => watched,
-    };
+}
+
+/// Waits for the watch set by `watched`; the event's type, or `None` when the wait ended
+/// otherwise (the session's end, an error, a node already gone).
+async fn watch_once(
+    watched: std::result::Result<
+        (
+            Option<zookeeper_client::Stat>,
+            zookeeper_client::OneshotWatcher,
+        ),
+        zookeeper_client::Error,
+    >,
+    path: &str,
+    trigger: &tokio_util::sync::CancellationToken,
+    session_over: &tokio_util::sync::CancellationToken,
+) -> Option<zookeeper_client::EventType> {
     let event = match watched {
         // Raced against the session's end only (this task's client handle must not keep a
         // closing session open), not against `trigger`: dropping an unfired watcher makes the
         // client send a removeWatches, and our own release's delete fires it for free.
         Ok((Some(_), watcher)) => tokio::select! {
-            () = session_over.cancelled() => return,
+            () = session_over.cancelled() => return None,
             event = watcher.changed() => event,
         },
         Ok((None, _)) => {
             tracing::warn!(%path, "zookeeper: our lock node is already gone; lock lost");
             trigger.cancel();
-            return;
+            return None;
         }
         Err(e) => {
             // The reconnect check and every fenced operation still notice a deletion.
             tracing::debug!(%path, error = %e, "zookeeper: could not watch our lock node");
-            return;
+            return None;
         }
     };
-    if matches!(
-        event.event_type,
-        EventType::NodeDeleted | EventType::NodeDataChanged
-    ) && !trigger.is_cancelled()
-    {
-        tracing::warn!(%path, event = ?event.event_type, "zookeeper: our lock node was deleted or changed behind our back; lock lost");
-        trigger.cancel();
-    }
+    Some(event.event_type)
 }

@@ -2,6 +2,9 @@
 //!
 //! - lock `N` under base `B`: Curator's lock path `B/N`, whose children are the contenders'
 //!   nodes `_c_<uuid>-lock-<10 digit sequence>`, ordered by what follows the last `lock-`;
+//! - election `N`: Curator's `LeaderLatch` path `B/N`, whose children are the candidates' nodes
+//!   `_c_<uuid>-latch-<sequence>` holding the candidate's value (the latch's participant id),
+//!   ordered by what follows the last `latch-`;
 //! - fenced state of lock `N`: `B/.state/N/<key>`. Lock names never start with `.`, so no lock
 //!   path, and no child listing of one, can contain state.
 
@@ -9,6 +12,26 @@ use fencelock::{Error, LockName, Result, StateKey};
 
 /// Curator's lock name for `InterProcessMutex`.
 pub(crate) const LOCK_NAME: &str = "lock-";
+/// Curator's lock name for `LeaderLatch`.
+pub(crate) const LATCH_NAME: &str = "latch-";
+
+/// Which Curator recipe a node belongs to: its name, and so its sort key, differ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Recipe {
+    /// `InterProcessMutex` (and `LeaderSelector`, which is one).
+    Mutex,
+    /// `LeaderLatch`.
+    Latch,
+}
+
+impl Recipe {
+    fn node_name(self) -> &'static str {
+        match self {
+            Recipe::Mutex => LOCK_NAME,
+            Recipe::Latch => LATCH_NAME,
+        }
+    }
+}
 
 #[derive(Clone, Debug)]
 pub(crate) struct Paths {
@@ -27,8 +50,8 @@ impl Paths {
     }
 
     /// The prefix of our node: the server appends the sequence number.
-    pub(crate) fn node_prefix(&self, name: &LockName, id: &str) -> String {
-        format!("{}/{}", self.lock_dir(name), node_tag(id))
+    pub(crate) fn node_prefix(&self, name: &LockName, id: &str, recipe: Recipe) -> String {
+        format!("{}/{}", self.lock_dir(name), node_tag(id, recipe))
     }
 
     pub(crate) fn state_dir(&self, name: &LockName) -> String {
@@ -40,17 +63,20 @@ impl Paths {
     }
 }
 
-/// The "protected" part of a node name: `_c_<uuid>-lock-`, by which a client finds its own
-/// node when a create succeeded but the reply was lost.
-pub(crate) fn node_tag(id: &str) -> String {
-    format!("_c_{id}-{LOCK_NAME}")
+/// The "protected" part of a node name: `_c_<uuid>-lock-` (or `-latch-`), by which a client
+/// finds its own node when a create succeeded but the reply was lost.
+pub(crate) fn node_tag(id: &str, recipe: Recipe) -> String {
+    format!("_c_{id}-{}", recipe.node_name())
 }
 
-/// Curator's sort key: what follows the last `lock-`, or the whole name.
+/// Curator's sort key: what follows the last `lock-` (a latch's: `latch-`), or the whole name.
+/// One path holds one recipe's nodes, so whichever of the two names comes last is the one.
 pub(crate) fn sort_key(child: &str) -> &str {
-    child
-        .rfind(LOCK_NAME)
-        .map_or(child, |i| &child[i + LOCK_NAME.len()..])
+    [LOCK_NAME, LATCH_NAME]
+        .iter()
+        .filter_map(|n| child.rfind(n).map(|i| i + n.len()))
+        .max()
+        .map_or(child, |i| &child[i..])
 }
 
 /// Fails when a contender's sequence number has wrapped past 2^31 - 1: ZooKeeper prints it as a
@@ -97,9 +123,14 @@ mod tests {
         let paths = Paths::new("/fencelock");
         let name = LockName::new("jobs").unwrap();
         assert_eq!(
-            paths.node_prefix(&name, "u1"),
+            paths.node_prefix(&name, "u1", Recipe::Mutex),
             "/fencelock/jobs/_c_u1-lock-"
         );
+        assert_eq!(
+            paths.node_prefix(&name, "u1", Recipe::Latch),
+            "/fencelock/jobs/_c_u1-latch-"
+        );
+        assert_eq!(sort_key("_c_u1-latch-0000000007"), "0000000007");
         assert_eq!(
             paths.state(&name, &StateKey::checkpoint()),
             "/fencelock/.state/jobs/__checkpoint"

@@ -1,0 +1,126 @@
+//! Reading and following an election's leader, as Curator's `LeaderLatch.getLeader` does: the
+//! leader is the first child of the latch path in Curator's order, its data the leader's value.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use fencelock::raw::LeaderSource;
+use fencelock::{Error, FencingToken, Leader, LockName, Result};
+use zookeeper_client::{Client, OneshotWatcher};
+
+use crate::backend::ZkBackend;
+use crate::paths::sort_key;
+use crate::session::ZkSession;
+use crate::zk_error;
+
+/// A ZooKeeper ensemble as an election's [`LeaderSource`].
+pub(crate) struct Elections<'a> {
+    pub(crate) backend: &'a ZkBackend,
+    /// The longest a wait lasts before the loop reads again anyway.
+    pub(crate) idle: Duration,
+}
+
+/// The watches the read set (on the children, and on the leader's node), and the session that
+/// holds them: a watch ends with its session.
+pub(crate) struct Seen {
+    watchers: Vec<OneshotWatcher>,
+    session: Arc<ZkSession>,
+}
+
+async fn timed<T>(
+    what: &'static str,
+    limit: Duration,
+    request: impl std::future::Future<Output = std::result::Result<T, zookeeper_client::Error>>,
+) -> Result<std::result::Result<T, zookeeper_client::Error>> {
+    tokio::time::timeout(limit, request)
+        .await
+        .map_err(|_| Error::timed_out(crate::KIND, what, limit))
+}
+
+impl LeaderSource for Elections<'_> {
+    type Seen = Seen;
+
+    async fn read(&self, name: &LockName) -> Result<(Option<Leader>, Seen)> {
+        crate::paths::check_name(name)?;
+        let session = self.backend.session().await?;
+        let client: &Client = &session.client;
+        let limit = self.backend.config().request_timeout;
+        let dir = self.backend.paths().lock_dir(name);
+        // A follower serves reads from its own copy, which may trail the leader: sync first,
+        // so that no leader older than the last change we were told of is reported.
+        timed("sync before reading the leader", limit, client.sync(&dir))
+            .await?
+            .or_else(|e| match e {
+                zookeeper_client::Error::NoNode => Ok(()),
+                e => Err(zk_error("sync before reading the leader", e)),
+            })?;
+        // A leader that leaves between the two reads costs another pass; a few at most.
+        for _ in 0..5 {
+            let listed = timed(
+                "list candidates",
+                limit,
+                client.list_and_watch_children(&dir),
+            )
+            .await?;
+            let (mut children, children_watch) = match listed {
+                Ok(listed) => listed,
+                Err(zookeeper_client::Error::NoNode) => {
+                    let (stat, watcher) = timed(
+                        "watch the election path",
+                        limit,
+                        client.check_and_watch_stat(&dir),
+                    )
+                    .await?
+                    .map_err(|e| zk_error("watch the election path", e))?;
+                    if stat.is_some() {
+                        continue; // created in between
+                    }
+                    let seen = Seen {
+                        watchers: vec![watcher],
+                        session: Arc::clone(&session),
+                    };
+                    return Ok((None, seen));
+                }
+                Err(e) => return Err(zk_error("list candidates", e)),
+            };
+            children.sort_by(|a, b| sort_key(a).cmp(sort_key(b)));
+            let Some(first) = children.first() else {
+                let seen = Seen {
+                    watchers: vec![children_watch],
+                    session: Arc::clone(&session),
+                };
+                return Ok((None, seen));
+            };
+            let path = format!("{dir}/{first}");
+            match timed("read the leader", limit, client.get_and_watch_data(&path)).await? {
+                Ok((value, stat, data_watch)) => {
+                    let leader = Leader::new(value, FencingToken::new(stat.czxid.unsigned_abs()));
+                    let seen = Seen {
+                        watchers: vec![children_watch, data_watch],
+                        session: Arc::clone(&session),
+                    };
+                    return Ok((Some(leader), seen));
+                }
+                Err(zookeeper_client::Error::NoNode) => continue,
+                Err(e) => return Err(zk_error("read the leader", e)),
+            }
+        }
+        Err(Error::unavailable(
+            crate::KIND,
+            format!("read the leader of `{name}`: it kept changing between two reads"),
+            None,
+        ))
+    }
+
+    async fn changed(&self, _name: &LockName, seen: Seen) -> Result<()> {
+        let any =
+            futures::future::select_all(seen.watchers.into_iter().map(|w| Box::pin(w.changed())));
+        tokio::select! {
+            _ = any => {}
+            // A new session has none of these watches: read again on it.
+            () = seen.session.clock.lost_token().cancelled() => {}
+            () = tokio::time::sleep(self.idle) => {}
+        }
+        Ok(())
+    }
+}
