@@ -157,6 +157,13 @@ pub async fn election_observe_sees_every_change<F: BackendFactory>(factory: &F) 
         Some(Leader::new(b"a2".to_vec(), term)),
         "a proclaim changes the value, not the term"
     );
+    // Our own write to our entry is no loss (ZooKeeper tells the node's watcher of it too).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(first.is_held(), "a proclaim must not end the leadership");
+    ok(
+        "observe: fenced put after proclaim",
+        first.fenced_put("k", "v").await,
+    );
     let second = {
         let (b, name) = (Arc::clone(&b), name.clone());
         tokio::spawn(async move { b.acquire_leadership(&name, b"b", Wait::Forever).await })

@@ -173,3 +173,31 @@ async fn a_node_deleted_behind_our_back_fires_lost_at_once() {
     );
     assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::NotOwned);
 }
+
+/// Review F5: someone writes to our lock node (Curator's `Revoker`, `zkCli set`). That is a
+/// loss (`lost` fires), and the release must still delete the node: deletes with version 0 left
+/// it in place, blocking every other contender until our session ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_whose_data_was_changed_is_still_released() {
+    let factory = common::ZkFactory::on(common::shared_standalone()).await;
+    let (backend, other) = (factory.backend().await, factory.backend().await);
+    let guard = backend.lock("revoked").await.unwrap();
+    let admin = zookeeper_client::Client::connect(&factory.connect)
+        .await
+        .unwrap();
+    let dir = format!("{}/revoked", factory.base);
+    let children = admin.list_children(&dir).await.unwrap();
+    admin
+        .set_data(&format!("{dir}/{}", children[0]), b"__REVOKE__", None)
+        .await
+        .unwrap();
+    tokio::time::timeout(common::TIMEOUT, guard.lost())
+        .await
+        .expect("a foreign write to our node fires lost");
+    assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+    let next = tokio::time::timeout(common::TIMEOUT, other.try_lock("revoked"))
+        .await
+        .expect("try_lock answers")
+        .expect("the node must be gone after the release");
+    let _ = next.release().await.unwrap();
+}

@@ -1,4 +1,5 @@
-//! Interoperability with Curator's InterProcessMutex (Java, Debian's libcurator-recipes-java).
+//! Interoperability with Curator's InterProcessMutex and LeaderLatch (Java, Debian's
+//! libcurator-recipes-java).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 mod common;
 
@@ -7,7 +8,7 @@ use std::process::Stdio;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use fencelock::{LockBackendExt, ReleaseOutcome};
+use fencelock::{LockBackend, LockBackendExt, ReleaseOutcome};
 use fencelock_testsupport::{tmp_root, unique};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
@@ -39,16 +40,17 @@ fn classpath() -> String {
         .join(":")
 }
 
-/// Compiles the Java contender once per test binary.
+/// Compiles the Java programs once per test binary.
 fn compiled() -> &'static PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = tmp_root().join(unique("curator"));
-        let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/java/CuratorLock.java");
+        let java = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/java");
         let out = std::process::Command::new("javac")
             .args(["-cp", &classpath(), "-d"])
             .arg(&dir)
-            .arg(&source)
+            .arg(java.join("CuratorLock.java"))
+            .arg(java.join("CuratorLatch.java"))
             .output()
             .expect("run javac (scripts/test installs a JDK and libcurator-recipes-java)");
         assert!(
@@ -67,9 +69,19 @@ struct Curator {
 
 impl Curator {
     fn start(connect: &str, path: &str) -> Self {
+        Self::run(&["CuratorLock", connect, path])
+    }
+
+    /// A `LeaderLatch` participant with id `id`.
+    fn latch(connect: &str, path: &str, id: &str) -> Self {
+        Self::run(&["CuratorLatch", connect, path, id])
+    }
+
+    fn run(args: &[&str]) -> Self {
         let cp = format!("{}:{}", compiled().display(), classpath());
         let mut child = Command::new("java")
-            .args(["-Xmx64m", "-cp", &cp, "CuratorLock", connect, path])
+            .args(["-Xmx64m", "-cp", &cp])
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -91,19 +103,36 @@ impl Curator {
     }
 
     async fn release(&mut self) {
-        let stdin = self.child.stdin.as_mut().unwrap();
-        stdin.write_all(b"release\n").await.unwrap();
-        stdin.flush().await.unwrap();
+        self.send("release").await;
         self.expect("RELEASED").await;
+    }
+
+    async fn send(&mut self, command: &str) {
+        let stdin = self.child.stdin.as_mut().unwrap();
+        stdin
+            .write_all(format!("{command}\n").as_bytes())
+            .await
+            .unwrap();
+        stdin.flush().await.unwrap();
+    }
+
+    /// Sends `command` and returns the answer, which must start with `prefix`.
+    async fn ask(&mut self, command: &str, prefix: &str) -> String {
+        self.send(command).await;
+        self.expect(prefix).await
     }
 }
 
 fn is_curator_node(path: &str) -> bool {
+    is_protected_node(path, "-lock-")
+}
+
+fn is_protected_node(path: &str, recipe: &str) -> bool {
     let child = path.rsplit('/').next().unwrap_or_default();
     let Some(rest) = child.strip_prefix("_c_") else {
         return false;
     };
-    let Some((uuid, seq)) = rest.split_once("-lock-") else {
+    let Some((uuid, seq)) = rest.split_once(recipe) else {
         return false;
     };
     uuid.len() == 36 && seq.len() == 10 && seq.bytes().all(|b| b.is_ascii_digit())
@@ -178,4 +207,64 @@ async fn curator_waits_for_fencelock() {
     let czxid = factory.admin.check_stat(node).await.unwrap().unwrap().czxid;
     assert!(czxid.unsigned_abs() > token.get());
     curator.release().await;
+}
+
+/// A Curator `LeaderLatch` and our campaign on one latch path: each waits while the other leads,
+/// each sees the other's id as the leader, and our term is greater than the Curator leader's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn curator_leader_latch_and_our_campaign_exclude_each_other() {
+    let factory = common::ZkFactory::on(common::shared_standalone()).await;
+    let path = format!("{}/elect", factory.base);
+    let mut first = Curator::latch(&factory.connect, &path, "java-1");
+    first.expect("STARTED").await;
+    first.ask("await", "LEADER").await;
+
+    let backend = std::sync::Arc::new(factory.backend().await);
+    let name = fencelock::LockName::new("elect").unwrap();
+    let seen = backend.leader(&name).await.unwrap().expect("Curator leads");
+    assert_eq!(
+        seen.value, b"java-1",
+        "Curator's participant id is the leader's value"
+    );
+    assert!(matches!(
+        backend.try_campaign("elect", "fencelock-1").await,
+        Err(fencelock::Error::WouldBlock { .. })
+    ));
+    let waiting = {
+        let backend = std::sync::Arc::clone(&backend);
+        tokio::spawn(async move { backend.campaign("elect", "fencelock-1").await })
+    };
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    assert!(!waiting.is_finished(), "we must wait while Curator leads");
+    first.ask("close", "CLOSED").await;
+    let leader = tokio::time::timeout(BOUND, waiting)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(leader.term() > seen.term, "our term must exceed Curator's");
+    let children = factory.admin.list_children(&path).await.unwrap();
+    assert!(
+        children.iter().all(|c| is_protected_node(c, "-latch-")),
+        "our node must be named as LeaderLatch's: {children:?}"
+    );
+
+    let mut second = Curator::latch(&factory.connect, &path, "java-2");
+    second.expect("STARTED").await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        second.ask("has", "HAS").await,
+        "HAS false",
+        "Curator must not lead while we do"
+    );
+    assert_eq!(
+        second.ask("leader", "LEADER_ID").await,
+        "LEADER_ID fencelock-1"
+    );
+    assert_eq!(leader.resign().await.unwrap(), ReleaseOutcome::Released);
+    second.ask("await", "LEADER").await;
+    assert_eq!(second.ask("has", "HAS").await, "HAS true");
+    let now = backend.leader(&name).await.unwrap().expect("Curator leads");
+    assert_eq!(now.value, b"java-2");
+    second.ask("close", "CLOSED").await;
 }
