@@ -182,6 +182,21 @@ pub trait LockBackend: Send + Sync + fmt::Debug {
         })
     }
 
+    /// Ends this instance's session now, after the withdrawals of cancelled acquires have
+    /// finished (bounded by the backend's request timeout): call it before a process exits, so
+    /// that nothing it queued or held outlives it by a TTL (a background withdrawal dies with
+    /// the runtime). Guards still held lose their locks (`lost` fires). The next acquire opens
+    /// a new session. The default does nothing.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when the store could not be told (the lease then ends on its own).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: a dropped close leaves the session to end with its lease or its last user.
+    async fn close(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Campaigns in the election `name`: waits (under `wait`) to become its leader, publishing
     /// `value` to observers. An election is a lock whose entry carries the value, so it has a
     /// lock's guarantees: one leader at a time, a term (fencing token) that grows with every

@@ -59,6 +59,30 @@ impl Withdrawals {
     }
 }
 
+impl Withdrawals {
+    /// Waits until no withdrawal of any name is running, for at most `limit` in all (before a
+    /// session is closed, so that a process exiting right after a cancelled acquire leaves
+    /// nothing queued).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: it only waits.
+    pub async fn all_settled(&self, limit: Duration) {
+        let counters: Vec<_> = self
+            .names
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .map(watch::Sender::subscribe)
+            .collect();
+        let _ = tokio::time::timeout(limit, async {
+            for mut counter in counters {
+                let _ = counter.wait_for(|n| *n == 0).await;
+            }
+        })
+        .await;
+    }
+}
+
 impl Drop for Withdrawal {
     fn drop(&mut self) {
         self.counter.send_modify(|n| *n = n.saturating_sub(1));

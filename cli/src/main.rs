@@ -3,6 +3,7 @@
 
 mod child;
 mod demo;
+mod elect;
 mod exit;
 mod logging;
 mod run;
@@ -51,6 +52,44 @@ enum Command {
         /// The command and its arguments (after `--`).
         #[arg(required = true, last = true, value_name = "CMD")]
         command: Vec<String>,
+    },
+    /// Campaign in election NAME, run CMD while leader, stop CMD if the leadership is lost.
+    ///
+    /// CMD gets the leadership's term as FENCELOCK_TOKEN (strictly greater than every earlier
+    /// leader's): pass it to what CMD writes to. Interoperates with `etcdctl elect` and
+    /// Curator's LeaderLatch on the same election.
+    #[command(after_help = exit::RUN_HELP)]
+    Elect {
+        /// The election's name.
+        name: String,
+        /// What the leader publishes to observers (`fencelock leader`, `etcdctl elect -l`,
+        /// Curator's participant id). Default: HOSTNAME/PID.
+        #[arg(long)]
+        value: Option<String>,
+        /// Give up after campaigning this long (e.g. 30s).
+        #[arg(long, value_parser = parse_duration, conflicts_with = "try_once")]
+        timeout: Option<Duration>,
+        /// Do not wait: exit 75 at once if there is a leader.
+        #[arg(long = "try")]
+        try_once: bool,
+        /// After the leadership is lost, how long CMD has between SIGTERM and SIGKILL.
+        #[arg(long, value_parser = parse_duration, default_value = "5s")]
+        grace: Duration,
+        /// The command and its arguments (after `--`).
+        #[arg(required = true, last = true, value_name = "CMD")]
+        command: Vec<String>,
+    },
+    /// Show the leader of election NAME (its value and term).
+    #[command(after_help = exit::HELP)]
+    Leader {
+        /// The election's name.
+        name: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        /// Keep printing a line at each change of leader or value until interrupted.
+        #[arg(long)]
+        watch: bool,
     },
     /// Show who holds lock NAME and how many wait.
     #[command(after_help = exit::HELP)]
@@ -125,6 +164,14 @@ fn required(backend: Option<&str>) -> Result<&str, u8> {
     })
 }
 
+fn wait_policy(try_once: bool, timeout: Option<Duration>) -> Wait {
+    match (try_once, timeout) {
+        (true, _) => Wait::Try,
+        (false, Some(limit)) => Wait::Timeout(limit),
+        (false, None) => Wait::Forever,
+    }
+}
+
 fn parse_duration(value: &str) -> Result<Duration, String> {
     fencelock_connect::parse_duration(value).map_err(|e| e.to_string())
 }
@@ -173,16 +220,37 @@ async fn dispatch(cli: Cli) -> u8 {
                 Ok(name) => name,
                 Err(code) => return code,
             };
-            let wait = match (try_once, timeout) {
-                (true, _) => Wait::Try,
-                (false, Some(limit)) => Wait::Timeout(limit),
-                (false, None) => Wait::Forever,
-            };
             match required(cli.backend.as_deref()) {
-                Ok(url) => run::run(url, &name, wait, grace, &command).await,
+                Ok(url) => {
+                    let wait = wait_policy(try_once, timeout);
+                    run::run(url, (&name, run::Seek::Lock), wait, grace, &command).await
+                }
                 Err(code) => code,
             }
         }
+        Command::Elect {
+            name: raw,
+            value,
+            timeout,
+            try_once,
+            grace,
+            command,
+        } => match (name(&raw), required(cli.backend.as_deref())) {
+            (Ok(name), Ok(url)) => {
+                let seek = run::Seek::Leadership(value.unwrap_or_else(elect::default_value));
+                let wait = wait_policy(try_once, timeout);
+                run::run(url, (&name, seek), wait, grace, &command).await
+            }
+            (Err(code), _) | (_, Err(code)) => code,
+        },
+        Command::Leader {
+            name: raw,
+            json,
+            watch,
+        } => match (name(&raw), required(cli.backend.as_deref())) {
+            (Ok(name), Ok(url)) => elect::leader(url, &name, json, watch).await,
+            (Err(code), _) | (_, Err(code)) => code,
+        },
         Command::Status {
             name: raw,
             json,

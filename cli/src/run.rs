@@ -1,4 +1,4 @@
-//! `run`, `status` and `list`.
+//! `run` and `elect` (CMD under a lock or a leadership), `status`, `break` and `list`.
 
 use std::process::Stdio;
 use std::sync::Arc;
@@ -23,10 +23,10 @@ const FORWARDED: [(SignalKind, Signal); 4] = [
 ];
 
 /// Listens for the [`FORWARDED`] signals.
-struct Signals(Vec<(tokio::signal::unix::Signal, Signal)>);
+pub(crate) struct Signals(Vec<(tokio::signal::unix::Signal, Signal)>);
 
 impl Signals {
-    fn listen() -> std::io::Result<Self> {
+    pub(crate) fn listen() -> std::io::Result<Self> {
         FORWARDED
             .iter()
             .map(|(kind, signal)| Ok((tokio::signal::unix::signal(*kind)?, *signal)))
@@ -35,7 +35,7 @@ impl Signals {
     }
 
     /// The next forwarded signal to arrive.
-    async fn next(&mut self) -> Signal {
+    pub(crate) async fn next(&mut self) -> Signal {
         let waits = self.0.iter_mut().map(|(listener, signal)| {
             let signal = *signal;
             Box::pin(async move {
@@ -53,7 +53,7 @@ impl Signals {
     }
 }
 
-async fn connect(url: &str) -> Result<Arc<dyn LockBackend>, u8> {
+pub(crate) async fn connect(url: &str) -> Result<Arc<dyn LockBackend>, u8> {
     fencelock_connect::connect(url)
         .await
         .map_err(|e| exit::report(&e))
@@ -66,9 +66,48 @@ fn signal_group(pgid: Option<u32>, signal: Signal) {
     }
 }
 
+/// What `run` waits for before it starts CMD.
+pub enum Seek {
+    /// The lock (`fencelock run`).
+    Lock,
+    /// The leadership of the election, publishing this value (`fencelock elect`).
+    Leadership(String),
+}
+
+impl Seek {
+    async fn acquire(
+        &self,
+        backend: &dyn LockBackend,
+        name: &LockName,
+        wait: Wait,
+    ) -> fencelock::Result<fencelock::LockGuard> {
+        match self {
+            Seek::Lock => backend.acquire(name, wait).await,
+            Seek::Leadership(value) => backend
+                .acquire_leadership(name, value.as_bytes(), wait)
+                .await
+                .map(fencelock::Leadership::into_guard),
+        }
+    }
+
+    fn waiting(&self) -> &'static str {
+        match self {
+            Seek::Lock => "waiting for lock",
+            Seek::Leadership(_) => "campaigning in election",
+        }
+    }
+
+    fn granted(&self) -> &'static str {
+        match self {
+            Seek::Lock => "acquired",
+            Seek::Leadership(_) => "elected leader of",
+        }
+    }
+}
+
 pub async fn run(
     url: &str,
-    name: &LockName,
+    (name, seek): (&LockName, Seek),
     wait: Wait,
     grace: Duration,
     command: &[String],
@@ -77,6 +116,23 @@ pub async fn run(
         Ok(backend) => backend,
         Err(code) => return code,
     };
+    let code = supervise(url, &backend, (name, seek), wait, grace, command).await;
+    // A try or timeout that just failed is still being withdrawn in the background; the
+    // process must not exit before it is done, or the entry waits for the TTL.
+    if let Err(e) = backend.close().await {
+        say!("fencelock: closing the session failed ({e}); it ends with its lease");
+    }
+    code
+}
+
+async fn supervise(
+    url: &str,
+    backend: &Arc<dyn LockBackend>,
+    (name, seek): (&LockName, Seek),
+    wait: Wait,
+    grace: Duration,
+    command: &[String],
+) -> u8 {
     let Some(program) = command.first() else {
         eprintln!("fencelock: no command given after --");
         return exit::USAGE;
@@ -93,11 +149,12 @@ pub async fn run(
         return exit::SOFTWARE;
     };
     say!(
-        "fencelock: waiting for lock `{name}` on {}",
+        "fencelock: {} `{name}` on {}",
+        seek.waiting(),
         fencelock_connect::redact(url)
     );
     let guard = tokio::select! {
-        acquired = backend.acquire(name, wait) => match acquired {
+        acquired = seek.acquire(backend.as_ref(), name, wait) => match acquired {
             Ok(guard) => guard,
             Err(e) => return exit::report(&e),
         },
@@ -110,7 +167,10 @@ pub async fn run(
         return 128 + signal as u8;
     }
     let token = guard.token();
-    say!("fencelock: acquired `{name}` with token {token}; running {program}");
+    say!(
+        "fencelock: {} `{name}` with token {token}; running {program}",
+        seek.granted()
+    );
     let Ok(me) = std::env::current_exe() else {
         eprintln!("fencelock: cannot find its own executable to start {program}");
         let _ = guard.release().await;

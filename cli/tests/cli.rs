@@ -588,3 +588,82 @@ async fn status_watch_prints_each_change() {
         assert_eq!(exit_code(watcher).await, 0);
     }
 }
+
+/// Issue 16.3: `elect` runs CMD while leader with the term as FENCELOCK_TOKEN; `leader` shows
+/// the leader, and `leader --watch` each change, including "no leader". On etcd and ZooKeeper.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn elect_runs_cmd_while_leader_and_leader_watch_follows() {
+    use tokio::io::AsyncBufReadExt;
+    for url in [etcd_url(), zk_url()] {
+        let dir = tmp_root().join(unique("elect"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (a_term, b_term) = (dir.join("a"), dir.join("b"));
+        let mut watcher = fencelock(&url, &["leader", "sched", "--watch"])
+            .spawn()
+            .unwrap();
+        let mut lines = tokio::io::BufReader::new(watcher.stdout.take().unwrap()).lines();
+        assert_eq!(next_line(&mut lines).await, "sched: no leader");
+
+        let a_script = format!(
+            "echo $FENCELOCK_TOKEN > {}; exec sleep 30",
+            a_term.display()
+        );
+        let a = fencelock(
+            &url,
+            &[
+                "elect", "sched", "--value", "a", "--", "sh", "-c", &a_script,
+            ],
+        )
+        .spawn()
+        .unwrap();
+        let term: u64 = wait_for_file(&a_term).await.trim().parse().unwrap();
+        assert_eq!(
+            next_line(&mut lines).await,
+            format!("sched: led by a (term {term})")
+        );
+        let tried = output(
+            &url,
+            &["elect", "sched", "--value", "b", "--try", "--", "true"],
+        )
+        .await;
+        assert_eq!(tried.status.code(), Some(75), "{}", text(&tried.stderr));
+        let shown = text(&output(&url, &["leader", "sched", "--json"]).await.stdout);
+        let shown: serde_json::Value = serde_json::from_str(&shown).unwrap();
+        assert_eq!(shown["value"], "a");
+        assert_eq!(shown["term"], term);
+
+        let b_script = format!("echo $FENCELOCK_TOKEN > {}; sleep 1", b_term.display());
+        let b = fencelock(
+            &url,
+            &[
+                "elect", "sched", "--value", "b", "--", "sh", "-c", &b_script,
+            ],
+        )
+        .spawn()
+        .unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!b_term.exists(), "b must wait while a leads");
+        // SIGTERM goes on to a's CMD; when it exits, a resigns.
+        let pid = a.id().unwrap().to_string();
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap();
+        assert_eq!(exit_code(a).await, 143, "{url}: a's CMD died of SIGTERM");
+        let next: u64 = wait_for_file(&b_term).await.trim().parse().unwrap();
+        assert!(next > term, "{url}: b's term {next} must exceed a's {term}");
+        assert_eq!(
+            next_line(&mut lines).await,
+            format!("sched: led by b (term {next})"),
+            "{url}: a's term {term}"
+        );
+        assert_eq!(exit_code(b).await, 0);
+        assert_eq!(next_line(&mut lines).await, "sched: no leader");
+        let pid = watcher.id().unwrap().to_string();
+        std::process::Command::new("kill")
+            .args(["-INT", &pid])
+            .status()
+            .unwrap();
+        assert_eq!(exit_code(watcher).await, 0);
+    }
+}

@@ -334,6 +334,14 @@ impl LockBackend for MemoryBackend {
         Ok(Leadership::new(guard, value.to_vec()))
     }
 
+    async fn close(&self) -> Result<()> {
+        if let Some(session) = self.session.live().await {
+            session.lease.lose_because("the backend was closed");
+            self.store.revoke(session.id);
+        }
+        Ok(())
+    }
+
     async fn leader(&self, name: &LockName) -> Result<Option<Leader>> {
         Ok(Elections(&self.store).read(name).await?.0)
     }

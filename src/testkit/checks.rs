@@ -613,3 +613,52 @@ pub async fn break_lets_the_next_contender_in<F: BackendFactory>(factory: &F) {
         "nothing left to break"
     );
 }
+
+/// `close` waits for the withdrawal of a failed try before it returns, so that a process that
+/// exits right after leaves nothing queued; the instance's guards lose their locks. The exit is
+/// a runtime of its own, dropped after `close` as a process's would be: its background tasks
+/// never run again.
+pub async fn close_leaves_nothing_queued<F: BackendFactory>(factory: &F) {
+    let name = factory.name("close");
+    let (a, b, c) = (
+        factory.connect().await,
+        factory.connect().await,
+        factory.connect().await,
+    );
+    let held = acquire("close: holder", &a, name.as_str()).await;
+    let exited = tokio::task::block_in_place(|| {
+        std::thread::scope(|scope| {
+            let process = scope.spawn(|| {
+                let runtime = match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(runtime) => runtime,
+                    Err(e) => panic!("close: a runtime for the exiting process: {e}"),
+                };
+                let tried = runtime.block_on(async {
+                    let exiting = factory.connect().await;
+                    let tried = exiting.try_lock(name.as_str()).await;
+                    ok("close", bounded("close", exiting.close()).await);
+                    tried.map(drop)
+                });
+                drop(runtime);
+                tried
+            });
+            process.join()
+        })
+    });
+    match exited {
+        Ok(Err(Error::WouldBlock { .. })) => {}
+        other => panic!("close: the exiting process's try: {other:?}"),
+    }
+    let status = ok("close: status", c.status(&name).await);
+    assert_eq!(
+        status.waiting, 0,
+        "the failed try must be withdrawn before close returns"
+    );
+    let other = acquire("close: b's own lock", &b, factory.name("close-b").as_str()).await;
+    ok("close: b", bounded("close: b", b.close()).await);
+    bounded("close: b's guard loses its lock", other.lost()).await;
+    release("close: holder", held).await;
+}

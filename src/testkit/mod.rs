@@ -91,7 +91,8 @@ macro_rules! conformance_tests {
             stale_fenced_writes_refused, checkpoint_handed_to_successor, drop_releases,
             many_locks_on_one_instance, same_instance_contends, invalid_names_rejected,
             fenced_state_round_trip, try_after_own_cancelled_acquire, status_and_list,
-            break_lets_the_next_contender_in, election_one_leader_at_a_time,
+            break_lets_the_next_contender_in, close_leaves_nothing_queued,
+            election_one_leader_at_a_time,
             election_observe_sees_every_change, election_resign_hands_over_at_once,
             election_session_loss_ends_leadership, election_cancelled_campaign_leaves_nothing);
     };
@@ -131,7 +132,7 @@ mod tests {
             .collect();
         defined.sort_unstable();
         listed.sort_unstable();
-        assert!(defined.len() >= 22, "found only {defined:?}");
+        assert!(defined.len() >= 23, "found only {defined:?}");
         assert_eq!(defined, listed, "conformance_tests! must list every check");
     }
 }

@@ -336,6 +336,26 @@ impl LockBackend for EtcdBackend {
         Ok(Leadership::new(guard, value.to_vec()))
     }
 
+    async fn close(&self) -> Result<()> {
+        let Some(session) = self.session.live().await else {
+            return Ok(());
+        };
+        let limit = self.config.request_timeout;
+        session.withdrawals.all_settled(limit).await;
+        session.clock.lose_because("the backend was closed");
+        // As Go's `Session.Close`: the revoke deletes every key of the session at once.
+        let revoked = call("revoke the session's lease", limit, {
+            let (mut client, lease) = (Client::clone(&self.client), session.lease);
+            async move { client.lease_revoke(lease).await }
+        })
+        .await;
+        match revoked {
+            // The session's own keepalive task revokes a lost lease too; either revoke will do.
+            Err(e) if !crate::lease_gone(&e) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
     async fn leader(&self, name: &LockName) -> Result<Option<Leader>> {
         Ok(self.elections().read(name).await?.0)
     }

@@ -243,6 +243,18 @@ impl LockBackend for ZkBackend {
         Ok(Leadership::new(guard, value.to_vec()))
     }
 
+    async fn close(&self) -> Result<()> {
+        if let Some(session) = self.session.live().await {
+            session
+                .withdrawals
+                .all_settled(self.config.request_timeout)
+                .await;
+            // The ZooKeeper session itself closes (and its nodes go) with its last handle.
+            session.clock.lose_because("the backend was closed");
+        }
+        Ok(())
+    }
+
     async fn leader(&self, name: &LockName) -> Result<Option<Leader>> {
         Ok(self.elections().read(name).await?.0)
     }
