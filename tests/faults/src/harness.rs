@@ -18,6 +18,24 @@ pub enum Backend {
     ZooKeeper,
 }
 
+/// What the contenders contend for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Primitive {
+    /// The lock: each critical section is one acquisition.
+    Lock,
+    /// An election: each critical section is one leadership, its term the token.
+    Election,
+}
+
+impl Primitive {
+    fn arg(self) -> &'static str {
+        match self {
+            Primitive::Lock => "lock",
+            Primitive::Election => "elect",
+        }
+    }
+}
+
 /// A fault.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Fault {
@@ -92,8 +110,18 @@ const STEP_MS: u64 = 150;
 
 impl Harness {
     /// Starts a fresh 3-node cluster, a register (fenced or not) and `contenders` processes of
-    /// the `contender` binary at `program`.
+    /// the `contender` binary at `program`, contending for a lock.
     pub async fn start(program: &str, backend: Backend, fenced: bool, contenders: usize) -> Self {
+        Self::start_for(program, (backend, Primitive::Lock), fenced, contenders).await
+    }
+
+    /// As [`Harness::start`], the contenders contending for `primitive`.
+    pub async fn start_for(
+        program: &str,
+        (backend, primitive): (Backend, Primitive),
+        fenced: bool,
+        contenders: usize,
+    ) -> Self {
         let ttl = Duration::from_secs(2);
         let (etcd, zk, targets) = match backend {
             Backend::Etcd => {
@@ -146,6 +174,7 @@ impl Harness {
                     "register",
                     register.addr.as_str(),
                     &STEP_MS.to_string(),
+                    primitive.arg(),
                 ])
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())

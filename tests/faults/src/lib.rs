@@ -1,6 +1,7 @@
 //! fencelock's fault-injection correctness suite.
 //!
-//! Contenders are separate processes (`contender` binary) that hold the lock in turn and
+//! Contenders are separate processes (`contender` binary) that hold the lock (or lead the
+//! election) in turn and
 //! increment a value kept by a [`Register`] in the test process, which logs every event with the
 //! time it arrived. Between the contenders and the servers sit proxies of our own, one per
 //! contender and server, so one contender can be partitioned; holders are paused with SIGSTOP.
@@ -14,5 +15,5 @@ mod harness;
 mod register;
 
 pub use checker::{check, Report};
-pub use harness::{Backend, Fault, Harness, Schedule};
+pub use harness::{Backend, Fault, Harness, Primitive, Schedule};
 pub use register::{Event, Kind, Register};

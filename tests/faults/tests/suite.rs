@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use fencelock_faults::{Backend, Fault, Harness, Report, Schedule};
+use fencelock_faults::{Backend, Fault, Harness, Primitive, Report, Schedule};
 use tokio::sync::Mutex;
 
 /// One backend at a time: the machine has two cores, and the suite measures behaviour under
@@ -109,4 +109,57 @@ async fn etcd_under_faults() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zookeeper_under_faults() {
     suite(Backend::ZooKeeper).await;
+}
+
+/// Elections under the same faults, fenced: never two leaders with writes accepted, no lost
+/// update; and the control run, the same pause without fencing, which must show both.
+async fn elections(backend: Backend) {
+    let _serial = SERIAL.lock().await;
+    let mut fenced = Harness::start_for(CONTENDER, (backend, Primitive::Election), true, 3).await;
+    fenced.settle(Duration::from_secs(2)).await;
+    fenced
+        .run(&Schedule::fixed(&[
+            Fault::Pause,
+            Fault::Partition,
+            Fault::Kill,
+        ]))
+        .await;
+    fenced.settle(Duration::from_secs(2)).await;
+    let (report, log, faults) = fenced.finish().await;
+    let mut control = Harness::start_for(CONTENDER, (backend, Primitive::Election), false, 3).await;
+    control.settle(Duration::from_secs(2)).await;
+    control
+        .run(&Schedule::fixed(&[Fault::Pause, Fault::Pause]))
+        .await;
+    control.settle(Duration::from_secs(2)).await;
+    let (control_report, _, control_faults) = control.finish().await;
+    eprintln!(
+        "\n| {backend:?} elections | faults | leaderships | writes accepted | stale writes refused | leaders lost | lost updates | violations |\n|---|---|---|---|---|---|---|---|\n{}\n{}\n",
+        row("fenced", &report, &faults),
+        row("control, no fencing", &control_report, &control_faults)
+    );
+    assert!(
+        control_report.violations() > 0 && control_report.lost_updates > 0,
+        "{backend:?}: without fencing a paused leader must show the lost update: {control_report:?}"
+    );
+    assert_eq!(
+        report.violations(),
+        0,
+        "{backend:?}: two leaders with writes accepted: {report:?}\nlog: {log:?}"
+    );
+    assert_eq!(report.lost_updates, 0, "{backend:?}: {report:?}");
+    assert!(
+        report.critical_sections > 10,
+        "{backend:?}: leaders must keep working between faults: {report:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_elections_under_faults() {
+    elections(Backend::Etcd).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_elections_under_faults() {
+    elections(Backend::ZooKeeper).await;
 }

@@ -2,13 +2,16 @@
 //! register's value with read-modify-write steps, checking `is_held()` before each step (but,
 //! like real code, not between its read and its write: a pause there is the classic bug).
 //!
-//! Usage: contender BACKEND_URL LOCK_NAME REGISTER_ADDR STEP_MILLIS
+//! With MODE `elect`, each critical section is a leadership of the election LOCK_NAME instead,
+//! its term the token, given up with `resign`.
+//!
+//! Usage: contender BACKEND_URL LOCK_NAME REGISTER_ADDR STEP_MILLIS [lock|elect]
 #![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test process: a panic is its report
 
 use std::time::Duration;
 
-use fencelock::{LockBackendExt, ReleaseOutcome};
+use fencelock::{LockBackend, LockBackendExt, LockGuard, LockName, ReleaseOutcome, Wait};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
@@ -38,6 +41,7 @@ async fn main() {
         &args[3],
         Duration::from_millis(args[4].parse().unwrap()),
     );
+    let elect = args.get(5).is_some_and(|m| m == "elect");
     let pid = std::process::id();
     let backend = fencelock_connect::connect(url)
         .await
@@ -52,7 +56,7 @@ async fn main() {
     };
     // Bounded: the harness stops every contender long before this many critical sections.
     for _ in 0..100_000 {
-        let guard = match backend.lock_timeout(name, Duration::from_secs(30)).await {
+        let guard = match next_section(backend.as_ref(), name, elect, pid).await {
             Ok(guard) => guard,
             Err(e) => {
                 eprintln!("contender {pid}: acquire failed: {e}");
@@ -108,4 +112,24 @@ async fn main() {
             drop(guard);
         }
     }
+}
+
+/// The lock, or the leadership (its guard: the same powers, `release` = resign).
+async fn next_section(
+    backend: &dyn LockBackend,
+    name: &str,
+    elect: bool,
+    pid: u32,
+) -> fencelock::Result<LockGuard> {
+    if !elect {
+        return backend.lock_timeout(name, Duration::from_secs(30)).await;
+    }
+    let leadership = backend
+        .acquire_leadership(
+            &LockName::new(name)?,
+            pid.to_string().as_bytes(),
+            Wait::Timeout(Duration::from_secs(30)),
+        )
+        .await?;
+    Ok(leadership.into_guard())
 }
