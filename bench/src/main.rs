@@ -1,9 +1,11 @@
-//! `cargo run --release -p fencelock-bench -- all`: latency, handoff, scale and loss detection on
+//! `cargo run --release -p fencelock-bench -- all`: latency, handoff, scale, loss detection and
+//! election failover on
 //! real etcd and ZooKeeper (single node and 3-node cluster), each figure next to its limit and
 //! the peer clients, as ratios measured in the same run. Writes `target/bench/handoff.svg`.
 #![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: a panic is the report
 
+mod failover;
 mod handoff;
 mod latency;
 mod loss;
@@ -22,7 +24,7 @@ static ALLOCATOR: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
 #[tokio::main]
 async fn main() {
     let what = std::env::args().nth(1).unwrap_or_else(|| "all".into());
-    let known = ["all", "latency", "handoff", "scale", "loss"];
+    let known = ["all", "latency", "handoff", "scale", "loss", "failover"];
     if !known.contains(&what.as_str()) {
         eprintln!("usage: fencelock-bench [{}]", known.join("|"));
         std::process::exit(64);
@@ -43,6 +45,9 @@ async fn main() {
         }
         if size == 1 && wants("loss") {
             loss::run(&servers).await;
+        }
+        if wants("failover") {
+            failover::run(&servers).await;
         }
     }
     if !handoffs.is_empty() {

@@ -82,3 +82,63 @@ where
     release("cut_off: successor", next).await;
     (lost_at - cut_at, granted_at - cut_at)
 }
+
+/// The observer-gap scenario, for backends' fault tests: `observer` follows election `name`;
+/// `cut` cuts it off from the store (`heal`, called `gap` later, restores the link; it may do
+/// nothing if the caller heals on a timer). Meanwhile the leader changes (`a` resigns, `b` is
+/// elected and proclaims). Once healed, the observer's next item must be the leader *now*
+/// (etcd#18163 reported an old one after a gap), with nothing stale in between.
+///
+/// # Panics
+/// When the observation yields a stale leader, an error, or nothing within [`BOUND`](super::BOUND).
+pub async fn observe_across_a_gap<O, A, B>(
+    observer: &O,
+    (a, b): (&A, &B),
+    name: &crate::LockName,
+    (cut, heal): (impl FnOnce(), impl FnOnce()),
+    gap: Duration,
+) where
+    O: LockBackend + ?Sized,
+    A: LockBackend + ?Sized,
+    B: LockBackend + ?Sized,
+{
+    use futures::StreamExt;
+    let mut changes = observer.observe(name);
+    let mut next = async || match bounded("observe: next change", changes.next()).await {
+        Some(item) => ok("observe", item),
+        None => panic!("observe: the stream ended"),
+    };
+    assert_eq!(next().await, None, "observe: no leader yet");
+    let first = ok(
+        "gap: a",
+        bounded("gap: a", a.campaign(name.as_str(), "a")).await,
+    );
+    let seen = next().await.map(|l| l.value);
+    assert_eq!(seen, Some(b"a".to_vec()));
+    cut();
+    let _ = ok(
+        "gap: a resigns",
+        bounded("gap: resign", first.resign()).await,
+    );
+    let mut second = ok(
+        "gap: b",
+        bounded("gap: b", b.campaign(name.as_str(), "b")).await,
+    );
+    ok(
+        "gap: proclaim",
+        bounded("gap: proclaim", second.proclaim("b2")).await,
+    );
+    tokio::time::sleep(gap).await;
+    heal();
+    let after = next().await;
+    assert_eq!(
+        after,
+        Some(crate::Leader::new(b"b2".to_vec(), second.term())),
+        "after the gap the observer must report the leader now"
+    );
+    let _ = ok(
+        "gap: b resigns",
+        bounded("gap: resign", second.resign()).await,
+    );
+    assert_eq!(next().await, None, "observe: no leader after b resigned");
+}

@@ -37,7 +37,7 @@ use async_trait::async_trait;
 
 pub use checks::*;
 pub use election::*;
-pub use faults::cut_off_holder;
+pub use faults::{cut_off_holder, observe_across_a_gap};
 
 use crate::{LockBackend, LockName};
 

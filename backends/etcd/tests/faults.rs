@@ -317,3 +317,30 @@ async fn a_key_deleted_or_revoked_behind_our_back_fires_lost_at_once() {
         );
     }
 }
+
+/// Issue 16: an observer cut off while the leader changes reports the leader of now once the
+/// link is back (the old connections are dropped by the proxy, so the client reconnects).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_cut_off_while_the_leader_changes_reports_the_leader_now() {
+    let cluster = EtcdCluster::start(1);
+    let proxy = TcpProxy::start(format!("127.0.0.1:{}", cluster.members[0].client_port)).await;
+    let prefix = format!("{}/", unique("gap"));
+    let connect = |endpoints| EtcdBackend::connect(common::config(endpoints, &prefix));
+    let observer = connect(vec![proxy.endpoint()]).await.unwrap();
+    let (a, b) = (
+        connect(cluster.endpoints()).await.unwrap(),
+        connect(cluster.endpoints()).await.unwrap(),
+    );
+    let name = fencelock::LockName::new("sched").unwrap();
+    fencelock::testkit::observe_across_a_gap(
+        &observer,
+        (&a, &b),
+        &name,
+        (
+            || proxy.set_mode(ProxyMode::BlackHole),
+            || proxy.set_mode(ProxyMode::Forward),
+        ),
+        Duration::from_secs(3),
+    )
+    .await;
+}

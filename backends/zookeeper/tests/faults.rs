@@ -201,3 +201,22 @@ async fn a_node_whose_data_was_changed_is_still_released() {
         .expect("the node must be gone after the release");
     let _ = next.release().await.unwrap();
 }
+
+/// Issue 16: an observer cut off while the leader changes reports the leader of now once the
+/// link is back (within the session timeout: the session survives, its watches are reset).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_observer_cut_off_while_the_leader_changes_reports_the_leader_now() {
+    let factory = common::ZkFactory::on(common::shared_standalone()).await;
+    let observer = factory.proxied_backend().await;
+    let (a, b) = (factory.backend().await, factory.backend().await);
+    let name = fencelock::LockName::new("sched").unwrap();
+    let gap = common::TIMEOUT / 2;
+    fencelock::testkit::observe_across_a_gap(
+        &observer,
+        (&a, &b),
+        &name,
+        (|| factory.cut_off(&observer, gap), || {}),
+        gap,
+    )
+    .await;
+}

@@ -4,121 +4,56 @@
 mod common;
 
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use fencelock::{LockBackend, LockBackendExt, ReleaseOutcome};
-use fencelock_testsupport::{tmp_root, unique};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, Lines};
-use tokio::process::{Child, ChildStdout, Command};
+use fencelock_testsupport::{compile_java, JavaProgram};
 
 const BOUND: Duration = Duration::from_secs(60);
-const JARS: [&str; 16] = [
-    "curator-recipes",
-    "curator-framework",
-    "curator-client",
-    "zookeeper",
-    "zookeeper-jute",
-    "guava",
-    "slf4j-api",
-    "slf4j-nop",
-    "netty-handler",
-    "netty-transport",
-    "netty-common",
-    "netty-buffer",
-    "netty-resolver",
-    "netty-codec",
-    "netty-transport-native-epoll",
-    "netty-transport-native-unix-common",
-];
-
-fn classpath() -> String {
-    JARS.iter()
-        .map(|j| format!("/usr/share/java/{j}.jar"))
-        .collect::<Vec<_>>()
-        .join(":")
-}
 
 /// Compiles the Java programs once per test binary.
 fn compiled() -> &'static PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = tmp_root().join(unique("curator"));
         let java = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/java");
-        let out = std::process::Command::new("javac")
-            .args(["-cp", &classpath(), "-d"])
-            .arg(&dir)
-            .arg(java.join("CuratorLock.java"))
-            .arg(java.join("CuratorLatch.java"))
-            .output()
-            .expect("run javac (scripts/test installs a JDK and libcurator-recipes-java)");
-        assert!(
-            out.status.success(),
-            "javac failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        dir
+        compile_java(&[
+            java.join("CuratorLock.java"),
+            java.join("CuratorLatch.java"),
+        ])
     })
 }
 
-struct Curator {
-    child: Child,
-    lines: Lines<BufReader<ChildStdout>>,
-}
+struct Curator(JavaProgram);
 
 impl Curator {
     fn start(connect: &str, path: &str) -> Self {
-        Self::run(&["CuratorLock", connect, path])
+        Curator(JavaProgram::start(
+            compiled(),
+            &["CuratorLock", connect, path],
+        ))
     }
 
     /// A `LeaderLatch` participant with id `id`.
     fn latch(connect: &str, path: &str, id: &str) -> Self {
-        Self::run(&["CuratorLatch", connect, path, id])
-    }
-
-    fn run(args: &[&str]) -> Self {
-        let cp = format!("{}:{}", compiled().display(), classpath());
-        let mut child = Command::new("java")
-            .args(["-Xmx64m", "-cp", &cp])
-            .args(args)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("start java");
-        let lines = BufReader::new(child.stdout.take().unwrap()).lines();
-        Curator { child, lines }
+        Curator(JavaProgram::start(
+            compiled(),
+            &["CuratorLatch", connect, path, id],
+        ))
     }
 
     async fn expect(&mut self, prefix: &str) -> String {
-        let line = tokio::time::timeout(BOUND, self.lines.next_line())
-            .await
-            .expect("curator answers")
-            .unwrap();
-        let line = line.unwrap_or_else(|| panic!("curator exited before {prefix}"));
-        assert!(line.starts_with(prefix), "expected {prefix}, got {line}");
-        line
+        self.0.expect(prefix, BOUND).await
     }
 
     async fn release(&mut self) {
-        self.send("release").await;
+        self.0.send("release").await;
         self.expect("RELEASED").await;
-    }
-
-    async fn send(&mut self, command: &str) {
-        let stdin = self.child.stdin.as_mut().unwrap();
-        stdin
-            .write_all(format!("{command}\n").as_bytes())
-            .await
-            .unwrap();
-        stdin.flush().await.unwrap();
     }
 
     /// Sends `command` and returns the answer, which must start with `prefix`.
     async fn ask(&mut self, command: &str, prefix: &str) -> String {
-        self.send(command).await;
+        self.0.send(command).await;
         self.expect(prefix).await
     }
 }
@@ -195,7 +130,8 @@ async fn curator_waits_for_fencelock() {
 
     let mut curator = Curator::start(&factory.connect, &format!("{}/shared", factory.base));
     curator.expect("WAITING").await;
-    let early = tokio::time::timeout(Duration::from_millis(1500), curator.lines.next_line()).await;
+    let early =
+        tokio::time::timeout(Duration::from_millis(1500), curator.0.lines.next_line()).await;
     assert!(
         early.is_err(),
         "Curator must wait while fencelock holds the lock: {early:?}"

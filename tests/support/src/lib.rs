@@ -7,12 +7,14 @@
 #![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test support: a panic is the report
 
+mod curator;
 mod etcd;
 mod process;
 mod proxy;
 mod tls;
 mod zookeeper;
 
+pub use curator::{compile_java, curator_classpath, JavaProgram};
 pub use etcd::{EtcdCluster, EtcdMember, COMPOSE_ETCD_ENDPOINTS, ETCD_ENV};
 pub use process::{free_port, tmp_root, unique};
 pub use proxy::{ProxyMode, TcpProxy};

@@ -1,5 +1,5 @@
 // A Curator LeaderLatch participant for fencelock's interoperability test.
-// Usage: CuratorLatch CONNECT LATCH_PATH ID; starts the latch and prints STARTED, then answers
+// Usage: CuratorLatch CONNECT LATCH_PATH ID [SESSION_TIMEOUT_MS]; starts the latch and prints STARTED, then answers
 // one command per stdin line: "await" -> LEADER (once it leads), "has" -> HAS true|false,
 // "leader" -> LEADER_ID <id of the current leader>, "close" -> CLOSED (and exits).
 import java.io.BufferedReader;
@@ -11,7 +11,8 @@ import org.apache.curator.retry.RetryOneTime;
 
 public class CuratorLatch {
     public static void main(String[] args) throws Exception {
-        CuratorFramework client = CuratorFrameworkFactory.newClient(args[0], 10000, 5000, new RetryOneTime(100));
+        int session = args.length > 3 ? Integer.parseInt(args[3]) : 10000;
+        CuratorFramework client = CuratorFrameworkFactory.newClient(args[0], session, 5000, new RetryOneTime(100));
         client.start();
         client.blockUntilConnected();
         LeaderLatch latch = new LeaderLatch(client, args[1], args[2]);
