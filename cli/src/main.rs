@@ -33,6 +33,33 @@ struct Cli {
     command: Command,
 }
 
+/// How `run` and `elect` wait, and the CMD they supervise.
+#[derive(clap::Args, Debug)]
+struct Supervised {
+    /// Give up after waiting this long (e.g. 30s, 500ms, 1m30s, 1.5s).
+    #[arg(long, value_parser = parse_duration, conflicts_with = "try_once")]
+    timeout: Option<Duration>,
+    /// Do not wait: exit 75 at once if the lock is held (for `elect`: if there is a leader).
+    #[arg(long = "try")]
+    try_once: bool,
+    /// After the lock (or leadership) is lost, how long CMD has between SIGTERM and SIGKILL.
+    #[arg(long, value_parser = parse_duration, default_value = "5s")]
+    grace: Duration,
+    /// The command and its arguments (after `--`).
+    #[arg(required = true, last = true, value_name = "CMD")]
+    command: Vec<String>,
+}
+
+impl Supervised {
+    fn wait(&self) -> Wait {
+        match (self.try_once, self.timeout) {
+            (true, _) => Wait::Try,
+            (false, Some(limit)) => Wait::Timeout(limit),
+            (false, None) => Wait::Forever,
+        }
+    }
+}
+
 #[derive(Subcommand, Debug)]
 enum Command {
     /// Wait for lock NAME, run CMD while holding it, stop CMD if the lock is lost.
@@ -40,18 +67,8 @@ enum Command {
     Run {
         /// The lock's name.
         name: String,
-        /// Give up after waiting this long (e.g. 30s, 500ms, 1m30s, 1.5s).
-        #[arg(long, value_parser = parse_duration, conflicts_with = "try_once")]
-        timeout: Option<Duration>,
-        /// Do not wait: exit 75 at once if the lock is held.
-        #[arg(long = "try")]
-        try_once: bool,
-        /// After the lock is lost, how long CMD has between SIGTERM and SIGKILL (e.g. 5s).
-        #[arg(long, value_parser = parse_duration, default_value = "5s")]
-        grace: Duration,
-        /// The command and its arguments (after `--`).
-        #[arg(required = true, last = true, value_name = "CMD")]
-        command: Vec<String>,
+        #[command(flatten)]
+        cmd: Supervised,
     },
     /// Campaign in election NAME, run CMD while leader, stop CMD if the leadership is lost.
     ///
@@ -66,18 +83,8 @@ enum Command {
         /// Curator's participant id). Default: HOSTNAME/PID.
         #[arg(long)]
         value: Option<String>,
-        /// Give up after campaigning this long (e.g. 30s).
-        #[arg(long, value_parser = parse_duration, conflicts_with = "try_once")]
-        timeout: Option<Duration>,
-        /// Do not wait: exit 75 at once if there is a leader.
-        #[arg(long = "try")]
-        try_once: bool,
-        /// After the leadership is lost, how long CMD has between SIGTERM and SIGKILL.
-        #[arg(long, value_parser = parse_duration, default_value = "5s")]
-        grace: Duration,
-        /// The command and its arguments (after `--`).
-        #[arg(required = true, last = true, value_name = "CMD")]
-        command: Vec<String>,
+        #[command(flatten)]
+        cmd: Supervised,
     },
     /// Show the leader of election NAME (its value and term).
     #[command(after_help = exit::HELP)]
@@ -164,14 +171,6 @@ fn required(backend: Option<&str>) -> Result<&str, u8> {
     })
 }
 
-fn wait_policy(try_once: bool, timeout: Option<Duration>) -> Wait {
-    match (try_once, timeout) {
-        (true, _) => Wait::Try,
-        (false, Some(limit)) => Wait::Timeout(limit),
-        (false, None) => Wait::Forever,
-    }
-}
-
 fn parse_duration(value: &str) -> Result<Duration, String> {
     fencelock_connect::parse_duration(value).map_err(|e| e.to_string())
 }
@@ -209,37 +208,21 @@ fn main() -> ExitCode {
 async fn dispatch(cli: Cli) -> u8 {
     let name = |raw: &str| LockName::new(raw).map_err(|e| exit::report(&e));
     match cli.command {
-        Command::Run {
-            name: raw,
-            timeout,
-            try_once,
-            grace,
-            command,
-        } => {
-            let name = match name(&raw) {
-                Ok(name) => name,
-                Err(code) => return code,
-            };
-            match required(cli.backend.as_deref()) {
-                Ok(url) => {
-                    let wait = wait_policy(try_once, timeout);
-                    run::run(url, (&name, run::Seek::Lock), wait, grace, &command).await
-                }
-                Err(code) => code,
+        Command::Run { name: raw, cmd } => match (name(&raw), required(cli.backend.as_deref())) {
+            (Ok(name), Ok(url)) => {
+                let seek = (&name, run::Seek::Lock);
+                run::run(url, seek, cmd.wait(), cmd.grace, &cmd.command).await
             }
-        }
+            (Err(code), _) | (_, Err(code)) => code,
+        },
         Command::Elect {
             name: raw,
             value,
-            timeout,
-            try_once,
-            grace,
-            command,
+            cmd,
         } => match (name(&raw), required(cli.backend.as_deref())) {
             (Ok(name), Ok(url)) => {
                 let seek = run::Seek::Leadership(value.unwrap_or_else(elect::default_value));
-                let wait = wait_policy(try_once, timeout);
-                run::run(url, (&name, seek), wait, grace, &command).await
+                run::run(url, (&name, seek), cmd.wait(), cmd.grace, &cmd.command).await
             }
             (Err(code), _) | (_, Err(code)) => code,
         },

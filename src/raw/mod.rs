@@ -52,6 +52,19 @@ pub use slot::{Live, SessionSlot};
 
 use crate::{Error, Result};
 
+/// What an acquire puts in the store's queue: a lock's entry, or an election candidate's, which
+/// carries the value the candidate publishes. Backends share one acquire flow for both and
+/// differ only in the entry's layout (etcd: the key's value; ZooKeeper: the node's name and
+/// data, as Curator's mutex and latch write them).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Entry<'a> {
+    /// A lock's entry ([`LockBackend::acquire`](crate::LockBackend::acquire)).
+    Lock,
+    /// An election candidate's entry, with the value it publishes
+    /// ([`LockBackend::acquire_leadership`](crate::LockBackend::acquire_leadership)).
+    Candidate(&'a [u8]),
+}
+
 /// Checks a TTL (or session timeout) and its safety margin: the margin must be below a third
 /// of the TTL, or the holder would give the lock up between two renewals.
 ///

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 use etcd_client::{
     Certificate, Client, ConnectOptions, GetOptions, Identity, SortOrder, SortTarget, TlsOptions,
 };
-use fencelock::raw::{observe_leader, Enqueued, Grant, LeaderSource, SessionSlot};
+use fencelock::raw::{observe_leader, Enqueued, Entry, Grant, LeaderSource, SessionSlot};
 use fencelock::{
     Error, FencingToken, Leader, Leadership, LockBackend, LockGuard, LockName, LockStatus, Result,
     Wait,
@@ -284,15 +284,6 @@ impl EtcdBackend {
         });
         Ok(guard)
     }
-}
-
-/// What an acquire puts in the queue.
-#[derive(Clone, Copy)]
-enum Entry<'a> {
-    /// A lock's key, with a value unique to the attempt.
-    Lock,
-    /// An election candidate's key, with the value it publishes (as Go's `Campaign`).
-    Candidate(&'a [u8]),
 }
 
 #[async_trait]

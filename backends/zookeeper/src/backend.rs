@@ -5,7 +5,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use std::sync::atomic::AtomicI32;
 
-use fencelock::raw::{observe_leader, Enqueued, Grant, LeaderSource, SessionSlot};
+use fencelock::raw::{observe_leader, Enqueued, Entry, Grant, LeaderSource, SessionSlot};
 use fencelock::{
     Error, FencingToken, Leader, Leadership, LockBackend, LockGuard, LockName, LockStatus, Result,
     Wait,
@@ -203,15 +203,6 @@ impl ZkBackend {
             idle: self.config.session_timeout,
         }
     }
-}
-
-/// What an acquire creates.
-#[derive(Clone, Copy)]
-enum Entry<'a> {
-    /// A lock's node (Curator's `InterProcessMutex`), empty.
-    Lock,
-    /// An election candidate's node (Curator's `LeaderLatch`), holding its value.
-    Candidate(&'a [u8]),
 }
 
 #[async_trait]

@@ -110,13 +110,8 @@ const STEP_MS: u64 = 150;
 
 impl Harness {
     /// Starts a fresh 3-node cluster, a register (fenced or not) and `contenders` processes of
-    /// the `contender` binary at `program`, contending for a lock.
-    pub async fn start(program: &str, backend: Backend, fenced: bool, contenders: usize) -> Self {
-        Self::start_for(program, (backend, Primitive::Lock), fenced, contenders).await
-    }
-
-    /// As [`Harness::start`], the contenders contending for `primitive`.
-    pub async fn start_for(
+    /// the `contender` binary at `program`, contending for `primitive`.
+    pub async fn start(
         program: &str,
         (backend, primitive): (Backend, Primitive),
         fenced: bool,

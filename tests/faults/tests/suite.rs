@@ -3,6 +3,7 @@
 //! replayable with `FENCELOCK_FAULT_SEED=<seed printed by a run>`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use fencelock_faults::{Backend, Fault, Harness, Primitive, Report, Schedule};
@@ -21,7 +22,7 @@ fn env_number(name: &str, default: u64) -> u64 {
         .unwrap_or(default)
 }
 
-fn row(label: &str, report: &Report, faults: &std::collections::BTreeMap<Fault, usize>) -> String {
+fn row(label: &str, report: &Report, faults: &BTreeMap<Fault, usize>) -> String {
     let faults: Vec<String> = faults.iter().map(|(f, n)| format!("{f:?} {n}")).collect();
     format!(
         "| {label} | {} | {} | {} | {} | {} | {} | {} |",
@@ -33,6 +34,32 @@ fn row(label: &str, report: &Report, faults: &std::collections::BTreeMap<Fault, 
         report.lost_updates,
         report.violations()
     )
+}
+
+/// One harness run: servers, a register and 3 contenders for `primitive`, the `schedules` in
+/// order with work before and after.
+async fn history(
+    (backend, primitive): (Backend, Primitive),
+    fenced: bool,
+    schedules: &[Schedule],
+) -> (Report, Vec<fencelock_faults::Event>, BTreeMap<Fault, usize>) {
+    let mut harness = Harness::start(CONTENDER, (backend, primitive), fenced, 3).await;
+    harness.settle(Duration::from_secs(2)).await;
+    for schedule in schedules {
+        harness.run(schedule).await;
+    }
+    harness.settle(Duration::from_secs(2)).await;
+    harness.finish().await
+}
+
+/// Scenarios 1-3: pause, partition and leader kill once each, in a fixed order.
+fn each_fault_once() -> Schedule {
+    Schedule::fixed(&[Fault::Pause, Fault::Partition, Fault::Kill])
+}
+
+/// The control run's faults: the same pause, twice.
+fn pauses() -> Schedule {
+    Schedule::fixed(&[Fault::Pause, Fault::Pause])
 }
 
 async fn suite(backend: Backend) {
@@ -50,28 +77,10 @@ async fn suite(backend: Backend) {
         random.faults
     );
 
-    // Scenarios 1-3 once each in a fixed order, then 4: the seeded mix.
-    let mut fenced = Harness::start(CONTENDER, backend, true, 3).await;
-    fenced.settle(Duration::from_secs(2)).await;
-    fenced
-        .run(&Schedule::fixed(&[
-            Fault::Pause,
-            Fault::Partition,
-            Fault::Kill,
-        ]))
-        .await;
-    fenced.run(&random).await;
-    fenced.settle(Duration::from_secs(2)).await;
-    let (report, log, faults) = fenced.finish().await;
-
-    // 5: the control run, the same pause without fencing.
-    let mut control = Harness::start(CONTENDER, backend, false, 3).await;
-    control.settle(Duration::from_secs(2)).await;
-    control
-        .run(&Schedule::fixed(&[Fault::Pause, Fault::Pause]))
-        .await;
-    control.settle(Duration::from_secs(2)).await;
-    let (control_report, _, control_faults) = control.finish().await;
+    // Scenarios 1-3, then 4: the seeded mix; 5: the control run, without fencing.
+    let lock = (backend, Primitive::Lock);
+    let (report, log, faults) = history(lock, true, &[each_fault_once(), random]).await;
+    let (control_report, _, control_faults) = history(lock, false, &[pauses()]).await;
 
     eprintln!(
         "\n| {backend:?} run | faults | critical sections | writes accepted | stale writes refused | holders lost | lost updates | violations |\n|---|---|---|---|---|---|---|---|\n{}\n{}\n",
@@ -115,7 +124,7 @@ async fn zookeeper_under_faults() {
 /// update; and the control run, the same pause without fencing, which must show both.
 async fn elections(backend: Backend) {
     let _serial = SERIAL.lock().await;
-    let mut fenced = Harness::start_for(CONTENDER, (backend, Primitive::Election), true, 3).await;
+    let mut fenced = Harness::start(CONTENDER, (backend, Primitive::Election), true, 3).await;
     fenced.settle(Duration::from_secs(2)).await;
     fenced
         .run(&Schedule::fixed(&[
@@ -126,7 +135,7 @@ async fn elections(backend: Backend) {
         .await;
     fenced.settle(Duration::from_secs(2)).await;
     let (report, log, faults) = fenced.finish().await;
-    let mut control = Harness::start_for(CONTENDER, (backend, Primitive::Election), false, 3).await;
+    let mut control = Harness::start(CONTENDER, (backend, Primitive::Election), false, 3).await;
     control.settle(Duration::from_secs(2)).await;
     control
         .run(&Schedule::fixed(&[Fault::Pause, Fault::Pause]))
