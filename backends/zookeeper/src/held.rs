@@ -209,15 +209,17 @@ impl HeldLock for ZkHeld {
     }
 }
 
-/// Deletes `path` in the background until done or the session ends (Curator's "guaranteed"
-/// delete): a node left behind blocks every other contender while our session lives.
-fn keep_deleting(session: Arc<ZkSession>, path: String, limit: Duration) {
+/// Deletes `path` in the background until done or the ZooKeeper session is over (Curator's
+/// "guaranteed" delete): a node left behind blocks every other contender while the session
+/// lives, and it can live on after our local clock gave up (review F3), so the retries follow
+/// the client's session state, not the clock.
+pub(crate) fn keep_deleting(session: Arc<ZkSession>, path: String, limit: Duration) {
     keep_retrying(
         crate::KIND,
         format!("delete {path}"),
-        session,
-        move |session| {
-            let (session, path) = (Arc::clone(session), path.clone());
+        Arc::new(NodesRemain(session)),
+        move |remains| {
+            let (session, path) = (Arc::clone(&remains.0), path.clone());
             async move {
                 delete_node(&session.client, &path, limit, limit)
                     .await
@@ -225,4 +227,15 @@ fn keep_deleting(session: Arc<ZkSession>, path: String, limit: Duration) {
             }
         },
     );
+}
+
+/// A session whose nodes may still exist at the server: until the client reports it expired,
+/// closed or refused, which can be long after the local clock was lost (the same session
+/// reconnects when a link heals before the server's expiry).
+pub(crate) struct NodesRemain(pub(crate) Arc<ZkSession>);
+
+impl fencelock::raw::Live for NodesRemain {
+    fn is_live(&self) -> bool {
+        self.0.nodes_may_remain()
+    }
 }

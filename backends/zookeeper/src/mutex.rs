@@ -284,8 +284,10 @@ impl Withdraw<Node> for Unqueue {
         Ok(())
     }
 
+    /// Not the local clock: the session's nodes outlive it if the same session reconnects
+    /// (review F3).
     fn session_alive(&self) -> bool {
-        self.session.is_live()
+        self.session.nodes_may_remain()
     }
 }
 

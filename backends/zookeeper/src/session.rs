@@ -27,6 +27,8 @@ pub(crate) struct ZkSession {
     tasks: Mutex<Vec<JoinHandle<()>>>,
     /// Cancelled acquires of this session still being withdrawn.
     pub(crate) withdrawals: Arc<Withdrawals>,
+    /// The request timeout, for the deletes after a loss.
+    limit: Duration,
 }
 
 impl std::fmt::Debug for ZkSession {
@@ -86,6 +88,7 @@ impl ZkSession {
             held: Mutex::new(HashMap::new()),
             tasks: Mutex::new(Vec::new()),
             withdrawals: Arc::default(),
+            limit: config.request_timeout,
         });
         let probe = tokio::spawn(keep_renewed(
             crate::KIND,
@@ -105,6 +108,33 @@ impl ZkSession {
             .unwrap_or_else(PoisonError::into_inner)
             .extend([probe, monitor]);
         Ok(session)
+    }
+
+    /// Whether the server may still hold nodes of this session: until the client says the
+    /// session expired, closed or was refused.
+    pub(crate) fn nodes_may_remain(&self) -> bool {
+        !self.client.state().is_terminated()
+    }
+
+    /// After a local loss (the deadline passed; the session may yet reconnect): deletes every
+    /// held node in the background, so that no lock stays held by a guard that knows it lost
+    /// it, and a new acquire of this instance (on a new session) does not queue behind its own
+    /// node (review F3).
+    fn delete_held_after_loss(self: &Arc<Self>) {
+        if !self.nodes_may_remain() {
+            return; // the server removed them with the session
+        }
+        let paths: Vec<String> = self
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain()
+            .map(|(path, _)| path)
+            .collect();
+        for path in paths {
+            tracing::info!(%path, "zookeeper: deleting the node of a lock lost to the local deadline");
+            crate::held::keep_deleting(Arc::clone(self), path, self.limit);
+        }
     }
 
     pub(crate) fn register(&self, path: &str, trigger: CancellationToken) {
@@ -208,7 +238,12 @@ async fn monitor(session: std::sync::Weak<ZkSession>) {
     // One state change per pass; terminal states and the session's end stop it.
     loop {
         let state = tokio::select! {
-            () = lost.cancelled() => return,
+            () = lost.cancelled() => {
+                if let Some(session) = session.upgrade() {
+                    session.delete_held_after_loss();
+                }
+                return;
+            }
             state = states.changed() => state,
         };
         let Some(session) = session.upgrade() else {

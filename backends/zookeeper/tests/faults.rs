@@ -220,3 +220,45 @@ async fn an_observer_cut_off_while_the_leader_changes_reports_the_leader_now() {
     )
     .await;
 }
+
+/// Review F3: a holder cut off past its local deadline but not past the server's expiry gets
+/// its *same* session back when the link heals. Its node must not outlive the loss: before, the
+/// node stayed while the lost guard lived (and after it was dropped, as the background delete
+/// stopped with the local clock), so `guard = backend.lock(..).await?` with the lost guard still
+/// alive queued behind its own node for good. Session timeout 6 s, margin 1.9 s: `lost` comes
+/// at most 4.1 s after the cut, the server expires at least 5.75 s after it, the heal is at 4.2 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locally_lost_lock_leaves_no_node_when_the_session_comes_back() {
+    let factory = common::ZkFactory::on(common::shared_standalone()).await;
+    let timeout = Duration::from_secs(6);
+    let proxy = fencelock_testsupport::TcpProxy::start(factory.connect.clone()).await;
+    let mut config = common::config(&format!("127.0.0.1:{}", proxy.port), &factory.base)
+        .session_timeout(timeout);
+    config.safety_margin = Duration::from_millis(1900);
+    let a = ZkBackend::connect(config).await.unwrap();
+    let b = factory.backend().await;
+    let old = a.lock("job").await.unwrap();
+    let before = a.session_info().await.unwrap().id();
+    proxy.set_mode(fencelock_testsupport::ProxyMode::BlackHole);
+    let cut = Instant::now();
+    tokio::time::timeout(Duration::from_millis(4200), old.lost())
+        .await
+        .expect("lost fires before the heal");
+    tokio::time::sleep_until(cut + Duration::from_millis(4200)).await;
+    proxy.set_mode(fencelock_testsupport::ProxyMode::Forward);
+
+    // The self-deadlock pattern: a new acquire on the same backend while the lost guard lives.
+    let new = tokio::time::timeout(timeout * 3, a.lock("job"))
+        .await
+        .expect("the new acquire must not wait behind the lost guard's node");
+    let new = new.unwrap();
+    let after = a.session_info().await.unwrap().id();
+    assert_ne!(before, after, "the new acquire runs on a new session");
+    assert_eq!(old.release().await.unwrap(), ReleaseOutcome::NotOwned);
+    assert_eq!(new.release().await.unwrap(), ReleaseOutcome::Released);
+    let next = tokio::time::timeout(timeout * 3, b.lock("job"))
+        .await
+        .expect("nothing of a's is left in the queue")
+        .unwrap();
+    let _ = next.release().await.unwrap();
+}

@@ -76,6 +76,18 @@ async fn other_users_cannot_delete_or_take_our_locks() {
         "{err:?}"
     );
     assert!(!err.is_retryable());
+    // Review F4: the refused attempt's withdrawal (its listing is refused too) must end at
+    // once, not retry for the rest of the session and hold up the next attempt for the
+    // withdrawal bound (the request timeout).
+    let started = tokio::time::Instant::now();
+    let again = mallory.try_lock("job").await.unwrap_err();
+    assert_eq!(again.store_failure(), Some(StoreFailure::Unauthorized));
+    let limit = mallory.config().request_timeout;
+    assert!(
+        started.elapsed() < limit / 2,
+        "the second attempt waited {:?} for the first one's withdrawal (bound {limit:?})",
+        started.elapsed()
+    );
 
     assert!(guard.is_held());
     assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
