@@ -119,14 +119,18 @@ impl HeldLock for ZkHeld {
                 return Ok(());
             }
             let dir = self.paths.state_dir(&self.name);
-            match self
-                .session
-                .client
-                .mkdir(&dir, &CreateMode::Persistent.with_acls(self.acls))
-                .await
-            {
-                Ok(()) | Err(zookeeper_client::Error::NodeExists) => {}
-                Err(e) => return Err(zk_error("create the state folder", e)),
+            let options = CreateMode::Persistent.with_acls(self.acls);
+            let mkdir = self.session.client.mkdir(&dir, &options);
+            match tokio::time::timeout(self.limit, mkdir).await {
+                Ok(Ok(()) | Err(zookeeper_client::Error::NodeExists)) => {}
+                Ok(Err(e)) => return Err(zk_error("create the state folder", e)),
+                Err(_) => {
+                    return Err(Error::timed_out(
+                        crate::KIND,
+                        "create the state folder",
+                        self.limit,
+                    ))
+                }
             }
             if self.checked(&path, Write::Create(value)).await? {
                 return Ok(());

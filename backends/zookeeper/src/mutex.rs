@@ -68,19 +68,30 @@ pub(crate) async fn create(
             }
             Ok(Err(zookeeper_client::Error::NoNode)) => {
                 let parents = CreateMode::Container.with_acls(acls);
-                match client.mkdir(&dir, &parents).await {
-                    Ok(()) | Err(zookeeper_client::Error::NodeExists) => {}
-                    Err(e) => return Err(zk_error("create the lock's parent nodes", e)),
+                match tokio::time::timeout(limit, client.mkdir(&dir, &parents)).await {
+                    Ok(Ok(()) | Err(zookeeper_client::Error::NodeExists)) => {}
+                    Ok(Err(e)) => return Err(zk_error("create the lock's parent nodes", e)),
+                    Err(_) => {
+                        return Err(Error::timed_out(
+                            crate::KIND,
+                            "create the lock's parent nodes",
+                            limit,
+                        ))
+                    }
                 }
             }
-            Ok(Err(zookeeper_client::Error::ConnectionLoss)) | Err(_) => {
-                if let Some(node) = find(client, &dir, &node_tag(id, recipe)).await? {
+            // The create may have landed (its reply was lost, or the connection failed after
+            // it went out): only a definite lookup may say it did not (review F2, F8).
+            Ok(Err(e)) if !zk_error("create", e.clone()).is_retryable() => {
+                return Err(zk_error("create the lock node", e))
+            }
+            Ok(Err(_)) | Err(_) => {
+                if let Some(node) = find(client, &dir, &node_tag(id, recipe), limit).await? {
                     tracing::debug!(path = %node.path, "zookeeper: adopted our node after a lost reply");
                     return Ok(node);
                 }
                 tokio::time::sleep(RETRY_PAUSE).await;
             }
-            Ok(Err(e)) => return Err(zk_error("create the lock node", e)),
         }
     }
     Err(Error::unavailable(
@@ -90,28 +101,62 @@ pub(crate) async fn create(
     ))
 }
 
-/// Our node by its tag, if it exists and belongs to our session (CURATOR-498).
-async fn find(client: &Client, dir: &str, tag: &str) -> Result<Option<Node>> {
-    let children = match client.list_children(dir).await {
-        Ok(children) => children,
-        Err(zookeeper_client::Error::NoNode | zookeeper_client::Error::ConnectionLoss) => {
-            return Ok(None)
+/// Our node by its tag, if it exists and belongs to our session (CURATOR-498): a definite
+/// answer or an error, never "not found" for a lookup that failed (review F2). Should two
+/// creates of one attempt both have landed, the lowest is kept and the others deleted.
+async fn find(client: &Client, dir: &str, tag: &str, limit: Duration) -> Result<Option<Node>> {
+    let mut attempts = 0;
+    // Bounded: a few lookups, each within `limit`, then a clear error (the acquire's
+    // withdrawal removes whatever landed).
+    let children = loop {
+        attempts += 1;
+        match tokio::time::timeout(limit, client.list_children(dir)).await {
+            Ok(Ok(children)) => break children,
+            Ok(Err(zookeeper_client::Error::NoNode)) => return Ok(None),
+            Ok(Err(e)) if !zk_error("list", e.clone()).is_retryable() || attempts >= 5 => {
+                return Err(zk_error("look for our lock node after a lost reply", e))
+            }
+            Err(_) if attempts >= 5 => {
+                return Err(Error::timed_out(
+                    crate::KIND,
+                    "look for our lock node after a lost reply",
+                    limit,
+                ))
+            }
+            _ => tokio::time::sleep(RETRY_PAUSE).await,
         }
-        Err(e) => return Err(zk_error("look for our lock node", e)),
     };
+    let mut ours = Vec::new();
     for child in children.into_iter().filter(|c| c.starts_with(tag)) {
         let path = format!("{dir}/{child}");
-        if let Ok(Some(stat)) = client.check_stat(&path).await {
-            if stat.ephemeral_owner == client.session_id().0 {
-                return Ok(Some(Node {
+        let stat = tokio::time::timeout(limit, client.check_stat(&path)).await;
+        match stat {
+            Ok(Ok(Some(stat))) if stat.ephemeral_owner == client.session_id().0 => {
+                ours.push(Node {
                     path,
                     child,
                     czxid: stat.czxid,
-                }));
+                });
+            }
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => return Err(zk_error("look for our lock node after a lost reply", e)),
+            Err(_) => {
+                return Err(Error::timed_out(
+                    crate::KIND,
+                    "look for our lock node after a lost reply",
+                    limit,
+                ))
             }
         }
     }
-    Ok(None)
+    ours.sort_by(|a, b| sort_key(&a.child).cmp(sort_key(&b.child)));
+    let mut ours = ours.into_iter();
+    let kept = ours.next();
+    for extra in ours {
+        tracing::warn!(path = %extra.path, "zookeeper: a second node of one attempt; deleting it");
+        delete_node(client, &extra.path, limit, limit).await?;
+    }
+    Ok(kept)
 }
 
 /// Waits until our node is first; returns the checkpoint read in the same request.
@@ -186,17 +231,24 @@ pub(crate) async fn wait_turn(
             return Err(Error::would_block(name));
         }
         let predecessor = format!("{dir}/{}", children[position - 1]);
-        match client.get_and_watch_data(&predecessor).await {
-            Ok((_, _, watcher)) => tokio::select! {
+        // Bounded by the request limit and by `lost` (review F11): a request made while
+        // disconnected waits inside the client until it reconnects.
+        let watched = tokio::select! {
+            watched = tokio::time::timeout(limit, client.get_and_watch_data(&predecessor)) => watched,
+            () = session.clock.lost_token().cancelled() => return Err(lost()),
+        };
+        match watched {
+            Ok(Ok((_, _, watcher))) => tokio::select! {
                 _ = watcher.changed() => {}
                 () = session.clock.lost_token().cancelled() => return Err(lost()),
             },
-            Err(zookeeper_client::Error::NoNode) => {}
-            Err(zookeeper_client::Error::SessionExpired) => return Err(lost()),
-            Err(e) => {
+            Ok(Err(zookeeper_client::Error::NoNode)) => {}
+            Ok(Err(zookeeper_client::Error::SessionExpired)) => return Err(lost()),
+            Ok(Err(e)) => {
                 tracing::warn!(lock = %name, error = %e, "zookeeper: watching the predecessor failed; retrying");
                 pause_or_lost(session, name).await?;
             }
+            Err(_) => pause_or_lost(session, name).await?,
         }
     }
 }
@@ -210,8 +262,8 @@ async fn pause_or_lost(session: &ZkSession, name: &LockName) -> Result<()> {
 
 /// Deletes our node, whatever its version (as Curator does: the path carries our per-acquire
 /// uuid, so it cannot name anyone else's node; a version would leave a node whose data someone
-/// changed undeletable, review F5); true if it was there. Retried on connection loss within
-/// `budget`.
+/// changed undeletable, review F5); true if it was there (or an attempt whose reply was lost
+/// found it there). Retried on connection loss within `budget`; a refusal ends it at once.
 pub(crate) async fn delete_node(
     client: &Client,
     path: &str,
@@ -219,11 +271,15 @@ pub(crate) async fn delete_node(
     budget: Duration,
 ) -> Result<bool> {
     let start = tokio::time::Instant::now();
+    // Whether an earlier attempt may have deleted the node without our hearing of it.
+    let mut maybe_applied = false;
     // Bounded by `budget`.
     loop {
         match tokio::time::timeout(attempt, client.delete(path, None)).await {
             Ok(Ok(())) => return Ok(true),
-            Ok(Err(zookeeper_client::Error::NoNode)) => return Ok(false),
+            // After a lost reply, the node we find gone is most likely gone by our own delete:
+            // it was there when we sent it (review F9).
+            Ok(Err(zookeeper_client::Error::NoNode)) => return Ok(maybe_applied),
             Ok(Err(
                 e @ (zookeeper_client::Error::SessionExpired
                 | zookeeper_client::Error::ClientClosed),
@@ -232,13 +288,20 @@ pub(crate) async fn delete_node(
                 tracing::debug!(%path, error = %e, "zookeeper: session over; node gone with it");
                 return Ok(false);
             }
+            // A refusal (NoAuth) does not pass: retrying only hides it.
+            Ok(Err(e)) if !zk_error("delete", e.clone()).is_retryable() => {
+                return Err(zk_error("delete the lock node", e));
+            }
             outcome if start.elapsed() + RETRY_PAUSE >= budget => {
                 return Err(match outcome {
                     Ok(Err(e)) => zk_error("delete the lock node", e),
                     _ => Error::timed_out(crate::KIND, format!("delete {path}"), attempt),
                 });
             }
-            _ => tokio::time::sleep(RETRY_PAUSE).await,
+            _ => {
+                maybe_applied = true;
+                tokio::time::sleep(RETRY_PAUSE).await;
+            }
         }
     }
 }

@@ -262,3 +262,62 @@ async fn a_locally_lost_lock_leaves_no_node_when_the_session_comes_back() {
         .unwrap();
     let _ = next.release().await.unwrap();
 }
+
+/// Issue 14.2 (review F2): the reply to our create is lost (the connection closes right after
+/// the request went out, so the server applied it), and so is the reply to the next children
+/// read, by which the client looks for its node. The acquire must still end in one grant with
+/// exactly one node of ours: a failed lookup taken as "not found" made a second node behind the
+/// first, which then waited for its own orphan.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_create_reply_leaves_no_orphan_node() {
+    use fencelock_testsupport::{zk_op, ZkFrameProxy};
+    let factory = common::ZkFactory::on(common::shared_standalone()).await;
+    let proxy = ZkFrameProxy::start(factory.connect.clone()).await;
+    let connect = format!("127.0.0.1:{}", proxy.port);
+    let a = ZkBackend::connect(common::config(&connect, &factory.base))
+        .await
+        .unwrap();
+    let b = factory.backend().await;
+    // A session and the lock's parent exist first, so the create is the first request lost.
+    let warm = a.lock("orphan").await.unwrap();
+    assert_eq!(warm.release().await.unwrap(), ReleaseOutcome::Released);
+    proxy.lose_reply_to(&[zk_op::CREATE2, zk_op::CREATE]);
+    proxy.lose_reply_to(&[zk_op::GET_CHILDREN, zk_op::GET_CHILDREN2]);
+    let guard = tokio::time::timeout(common::TIMEOUT * 3, a.lock("orphan"))
+        .await
+        .expect("the acquire must be granted, not wait behind its own orphan")
+        .unwrap();
+    assert_eq!(proxy.armed(), 0, "both replies must have been lost");
+    let dir = format!("{}/orphan", factory.base);
+    let children = factory.admin.list_children(&dir).await.unwrap();
+    assert_eq!(
+        children.len(),
+        1,
+        "one node of ours, no orphan: {children:?}"
+    );
+    assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+    let next = b.try_lock("orphan").await.expect("nothing of a's is left");
+    let _ = next.release().await.unwrap();
+}
+
+/// Review F9: the reply to the release's delete is lost (the server applied it); the retry
+/// finds no node. The lock was ours and our delete freed it: `Released`, not `NotOwned`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_reply_was_lost_reports_released() {
+    use fencelock_testsupport::{zk_op, ZkFrameProxy};
+    let factory = common::ZkFactory::on(common::shared_standalone()).await;
+    let proxy = ZkFrameProxy::start(factory.connect.clone()).await;
+    let a = ZkBackend::connect(common::config(
+        &format!("127.0.0.1:{}", proxy.port),
+        &factory.base,
+    ))
+    .await
+    .unwrap();
+    let guard = a.lock("lost-reply").await.unwrap();
+    proxy.lose_reply_to(&[zk_op::DELETE]);
+    let outcome = guard.release().await.unwrap();
+    assert_eq!(proxy.armed(), 0, "the delete's reply must have been lost");
+    assert_eq!(outcome, ReleaseOutcome::Released);
+    let next = factory.backend().await.try_lock("lost-reply").await;
+    assert!(next.is_ok(), "the lock is free: {next:?}");
+}

@@ -12,6 +12,7 @@ mod etcd;
 mod process;
 mod proxy;
 mod tls;
+mod zk_proxy;
 mod zookeeper;
 
 pub use curator::{compile_java, curator_classpath, JavaProgram};
@@ -19,6 +20,7 @@ pub use etcd::{EtcdCluster, EtcdMember, COMPOSE_ETCD_ENDPOINTS, ETCD_ENV};
 pub use process::{free_port, tmp_root, unique};
 pub use proxy::{ProxyMode, TcpProxy};
 pub use tls::TlsFiles;
+pub use zk_proxy::{zk_op, ZkFrameProxy};
 pub use zookeeper::{
     four_letter, PeerLinks, ZkEnsemble, ZkMember, COMPOSE_ZK_CONNECT, TICK as ZK_TICK, ZK_ENV,
 };
