@@ -62,6 +62,7 @@ pub(crate) const KIND: &str = "zookeeper";
 pub(crate) fn zk_error(what: &str, e: zookeeper_client::Error) -> fencelock::Error {
     use fencelock::StoreFailure::{Protocol, Unauthorized, Unavailable};
     use zookeeper_client::Error as Zk;
+    let io = caused_by_io(&e);
     let (kind, hint) = match e {
         Zk::NoAuth => (
             Unauthorized,
@@ -79,7 +80,26 @@ pub(crate) fn zk_error(what: &str, e: zookeeper_client::Error) -> fencelock::Err
         | Zk::NoHosts
         | Zk::Throttled
         | Zk::NotReadOnly => (Unavailable, ""),
+        // zookeeper-client reports a reset or broken connection as a custom error with the I/O
+        // error as its source (review F8): as transient as a connection loss.
+        Zk::Custom(_) if io => (Unavailable, " (the connection failed)"),
         _ => (Protocol, ""),
     };
     fencelock::Error::store(KIND, kind, format!("{what}{hint}"), Some(Box::new(e)))
+}
+
+/// Whether an I/O error is somewhere in `e`'s chain of sources (zookeeper-client keeps it
+/// behind an `Arc<dyn Error>`, which hides it from a plain downcast).
+fn caused_by_io(e: &zookeeper_client::Error) -> bool {
+    type Shared = std::sync::Arc<dyn std::error::Error + Send + Sync>;
+    let mut source = std::error::Error::source(e);
+    // Bounded by the chain's length.
+    while let Some(cause) = source {
+        let shared = cause.downcast_ref::<Shared>().map(|s| &**s);
+        if cause.is::<std::io::Error>() || shared.is_some_and(|s| s.is::<std::io::Error>()) {
+            return true;
+        }
+        source = cause.source();
+    }
+    false
 }

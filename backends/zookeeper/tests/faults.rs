@@ -321,3 +321,31 @@ async fn a_release_whose_reply_was_lost_reports_released() {
     let next = factory.backend().await.try_lock("lost-reply").await;
     assert!(next.is_ok(), "the lock is free: {next:?}");
 }
+
+/// Review F8: the connection is reset (RST) right after our create went out. zookeeper-client
+/// reports that as an I/O error, not a connection loss; `lock()` waits forever, so it must find
+/// its node (or create one) on the reconnected session, not fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_after_the_create_does_not_fail_a_waiting_acquire() {
+    use fencelock_testsupport::{zk_op, ZkFrameProxy};
+    let factory = common::ZkFactory::on(common::shared_standalone()).await;
+    let proxy = ZkFrameProxy::start(factory.connect.clone()).await;
+    let a = ZkBackend::connect(common::config(
+        &format!("127.0.0.1:{}", proxy.port),
+        &factory.base,
+    ))
+    .await
+    .unwrap();
+    let warm = a.lock("reset").await.unwrap();
+    assert_eq!(warm.release().await.unwrap(), ReleaseOutcome::Released);
+    proxy.reset_after(&[zk_op::CREATE2, zk_op::CREATE]);
+    let guard = tokio::time::timeout(common::TIMEOUT * 3, a.lock("reset"))
+        .await
+        .expect("granted")
+        .expect("a reset is no reason to fail a waiting acquire");
+    assert_eq!(proxy.armed(), 0, "the reset must have happened");
+    let dir = format!("{}/reset", factory.base);
+    let children = factory.admin.list_children(&dir).await.unwrap();
+    assert_eq!(children.len(), 1, "{children:?}");
+    assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+}

@@ -28,9 +28,12 @@ pub mod zk_op {
 pub struct ZkFrameProxy {
     /// The port clients connect to.
     pub port: u16,
-    /// Armed rules, in order: each is the request types of which the next one loses its reply.
-    rules: Arc<Mutex<VecDeque<Vec<i32>>>>,
+    /// Armed rules, in order: the request types of which the next one loses its reply, and
+    /// whether the client then sees a reset instead of a close.
+    rules: Rules,
 }
+
+type Rules = Arc<Mutex<VecDeque<(Vec<i32>, bool)>>>;
 
 impl ZkFrameProxy {
     /// Starts forwarding `127.0.0.1:{port}` to `target` (`host:port`).
@@ -40,7 +43,7 @@ impl ZkFrameProxy {
     pub async fn start(target: String) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let port = listener.local_addr().expect("proxy address").port();
-        let rules: Arc<Mutex<VecDeque<Vec<i32>>>> = Arc::default();
+        let rules: Rules = Arc::default();
         let shared = Arc::clone(&rules);
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
@@ -58,10 +61,20 @@ impl ZkFrameProxy {
     /// Arms a rule: the next request of one of `ops` is forwarded, and then its connection is
     /// closed before the reply. Rules apply one after another, on whatever connection.
     pub fn lose_reply_to(&self, ops: &[i32]) {
+        self.arm(ops, false);
+    }
+
+    /// As [`lose_reply_to`](Self::lose_reply_to), but the client's connection is reset (RST),
+    /// which the client reports as an I/O error rather than a connection loss.
+    pub fn reset_after(&self, ops: &[i32]) {
+        self.arm(ops, true);
+    }
+
+    fn arm(&self, ops: &[i32], reset: bool) {
         self.rules
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .push_back(ops.to_vec());
+            .push_back((ops.to_vec(), reset));
     }
 
     /// How many armed rules have not fired yet.
@@ -73,12 +86,19 @@ impl ZkFrameProxy {
     }
 }
 
-async fn relay(client: TcpStream, server: TcpStream, rules: Arc<Mutex<VecDeque<Vec<i32>>>>) {
+async fn relay(client: TcpStream, server: TcpStream, rules: Rules) {
     let (mut cr, mut cw) = client.into_split();
     let (mut sr, mut sw) = server.into_split();
-    let down = tokio::spawn(async move {
-        let _ = tokio::io::copy(&mut sr, &mut cw).await;
-        cw
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let down = tokio::spawn({
+        let stop = Arc::clone(&stop);
+        async move {
+            tokio::select! {
+                _ = tokio::io::copy(&mut sr, &mut cw) => {}
+                () = stop.notified() => {}
+            }
+            cw
+        }
     });
     let mut first = true;
     // One client frame per pass: a 4-byte length, then the frame (the first is the connect
@@ -96,20 +116,29 @@ async fn relay(client: TcpStream, server: TcpStream, rules: Arc<Mutex<VecDeque<V
         let op = (!first && size >= 8)
             .then(|| i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]));
         first = false;
-        let lose = op.is_some_and(|op| {
+        let lose = op.and_then(|op| {
             let mut rules = rules.lock().unwrap_or_else(PoisonError::into_inner);
-            let hit = rules.front().is_some_and(|ops| ops.contains(&op));
+            let hit = rules.front().is_some_and(|(ops, _)| ops.contains(&op));
             if hit {
-                rules.pop_front();
+                rules.pop_front().map(|(_, reset)| reset)
+            } else {
+                None
             }
-            hit
         });
-        if lose {
-            // Stop the replies first (dropping the client's write half: FIN to the client):
-            // this request's reply must never reach it. Then the request goes to the server,
-            // which applies it, and the server's side is closed too.
-            down.abort();
-            let _ = down.await;
+        if let Some(reset) = lose {
+            // Stop the replies first: this request's must never reach the client. Then the
+            // request goes to the server, which applies it, and both sides are closed: the
+            // client's with FIN, or with RST (no FIN first, zero linger) for `reset`.
+            stop.notify_one();
+            let cw = down.await;
+            if reset {
+                // Deprecated because a non-zero linger blocks on drop; zero resets at once.
+                #[allow(deprecated)]
+                let _ = cr.as_ref().set_linger(Some(std::time::Duration::ZERO));
+                if let Ok(cw) = cw {
+                    cw.forget();
+                }
+            }
             let _ = sw.write_all(&len).await;
             let _ = sw.write_all(&frame).await;
             let _ = sw.shutdown().await;
