@@ -169,7 +169,24 @@ impl HeldLock for ZkHeld {
 
     async fn delete_state(&self, key: &StateKey) -> Result<bool> {
         let path = self.paths.state(&self.name, key);
-        self.checked(&path, Write::Delete).await
+        let deleted = self.checked(&path, Write::Delete).await?;
+        if deleted {
+            // Housekeeping (review F13): the lock's state folder goes with its last key. Only
+            // an empty folder is deleted (no version: any other key makes it NotEmpty), and a
+            // holder putting state meanwhile creates it again.
+            let dir = self.paths.state_dir(&self.name);
+            match tokio::time::timeout(self.limit, self.session.client.delete(&dir, None)).await {
+                Ok(
+                    Ok(())
+                    | Err(zookeeper_client::Error::NotEmpty | zookeeper_client::Error::NoNode),
+                ) => {}
+                Ok(Err(e)) => {
+                    tracing::debug!(%dir, error = %e, "zookeeper: could not remove the state folder")
+                }
+                Err(_) => tracing::debug!(%dir, "zookeeper: removing the state folder timed out"),
+            }
+        }
+        Ok(deleted)
     }
 
     async fn set_value(&self, value: &[u8]) -> Result<()> {

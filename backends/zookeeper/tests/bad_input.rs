@@ -136,3 +136,27 @@ async fn list_skips_foreign_children_that_are_no_lock_names() {
     );
     drop(guard);
 }
+
+/// Review F13: a finished lock leaves no state folder behind once its last key is deleted
+/// (`clear_checkpoint`, `fenced_delete`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_state_folder_goes_with_its_last_key() {
+    let factory = common::ZkFactory::on(common::shared_standalone()).await;
+    let backend = factory.backend().await;
+    let guard = backend.lock("tidy").await.unwrap();
+    guard.checkpoint("step 1").await.unwrap();
+    guard.fenced_put("other", "x").await.unwrap();
+    let dir = format!("{}/.state/tidy", factory.base);
+    guard.clear_checkpoint().await.unwrap();
+    assert!(
+        factory.admin.check_stat(&dir).await.unwrap().is_some(),
+        "a folder with a key left stays"
+    );
+    assert!(guard.fenced_delete("other").await.unwrap());
+    assert!(
+        factory.admin.check_stat(&dir).await.unwrap().is_none(),
+        "the folder must go with its last key"
+    );
+    guard.fenced_put("again", "y").await.unwrap(); // and comes back when needed
+    let _ = guard.release().await.unwrap();
+}
