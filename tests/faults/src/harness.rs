@@ -4,7 +4,9 @@ use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::time::Duration;
 
-use fencelock_testsupport::{tmp_root, unique, EtcdCluster, ProxyMode, TcpProxy, ZkEnsemble};
+use fencelock_testsupport::{
+    tmp_root, unique, zk_op, EtcdCluster, ProxyMode, TcpProxy, ZkEnsemble, ZkFrameProxy,
+};
 use tokio::process::{Child, Command};
 
 use crate::{check, Event, Kind, Register, Report};
@@ -45,6 +47,10 @@ pub enum Fault {
     Partition,
     /// SIGKILL the cluster's leader, restart it two seconds later.
     Kill,
+    /// ZooKeeper only: the reply to the holder's next delete (its release) and to a waiter's
+    /// next create is lost; the connection closes after the request went out, so the server
+    /// applied it. (On etcd, which has no such proxy here, it is not applied.)
+    LostReplies,
 }
 
 /// Faults to apply in order, from a seed that is printed so a run can be replayed.
@@ -68,8 +74,12 @@ impl Schedule {
         };
         let faults = (0..count)
             .map(|_| {
-                let fault = [Fault::Pause, Fault::Partition, Fault::Kill]
-                    [usize::try_from(next() % 3).unwrap_or(0)];
+                let fault = [
+                    Fault::Pause,
+                    Fault::Partition,
+                    Fault::Kill,
+                    Fault::LostReplies,
+                ][usize::try_from(next() % 4).unwrap_or(0)];
                 (fault, Duration::from_millis(500 + next() % 1500))
             })
             .collect();
@@ -91,6 +101,8 @@ impl Schedule {
 struct Contender {
     child: Child,
     proxies: Vec<TcpProxy>,
+    /// ZooKeeper: behind each proxy, one that reads frames, to lose chosen replies.
+    frames: Vec<ZkFrameProxy>,
 }
 
 /// A running setup: a 3-node cluster, a register, contenders.
@@ -144,9 +156,18 @@ impl Harness {
         std::fs::create_dir_all(&logs).unwrap();
         let mut running = Vec::new();
         for i in 0..contenders {
-            let mut proxies = Vec::new();
+            let (mut proxies, mut frames) = (Vec::new(), Vec::new());
             for target in &targets {
-                proxies.push(TcpProxy::start(target.clone()).await);
+                // ZooKeeper: contender -> black-hole proxy -> frame proxy -> server.
+                let target = if backend == Backend::ZooKeeper {
+                    let frame = ZkFrameProxy::start(target.clone()).await;
+                    let hop = format!("127.0.0.1:{}", frame.port);
+                    frames.push(frame);
+                    hop
+                } else {
+                    target.clone()
+                };
+                proxies.push(TcpProxy::start(target).await);
             }
             let hosts: Vec<String> = proxies
                 .iter()
@@ -177,7 +198,11 @@ impl Harness {
                 .kill_on_drop(true)
                 .spawn()
                 .unwrap();
-            running.push(Contender { child, proxies });
+            running.push(Contender {
+                child,
+                proxies,
+                frames,
+            });
         }
         Harness {
             backend,
@@ -259,6 +284,30 @@ impl Harness {
                 tokio::time::sleep(two_ttls).await;
                 for proxy in &self.contenders[i].proxies {
                     proxy.set_mode(ProxyMode::Forward);
+                }
+            }
+            Fault::LostReplies => {
+                if self.backend != Backend::ZooKeeper {
+                    return;
+                }
+                let holder = self.holder();
+                for (i, contender) in self.contenders.iter().enumerate() {
+                    let ops: &[i32] = if Some(i) == holder {
+                        &[zk_op::DELETE]
+                    } else {
+                        &[zk_op::CREATE2, zk_op::CREATE]
+                    };
+                    // A rule per server: whichever the contender's session is on fires.
+                    for frame in &contender.frames {
+                        frame.lose_reply_to(ops);
+                    }
+                }
+                tokio::time::sleep(two_ttls).await;
+                // Rules not fired (on the servers a contender is not connected to) are dropped.
+                for contender in &self.contenders {
+                    for frame in &contender.frames {
+                        frame.disarm();
+                    }
                 }
             }
             Fault::Kill => match self.backend {

@@ -52,9 +52,15 @@ async fn history(
     harness.finish().await
 }
 
-/// Scenarios 1-3: pause, partition and leader kill once each, in a fixed order.
+/// Scenarios 1-3: pause, partition, leader kill (and, on ZooKeeper, lost replies) once each,
+/// in a fixed order.
 fn each_fault_once() -> Schedule {
-    Schedule::fixed(&[Fault::Pause, Fault::Partition, Fault::Kill])
+    Schedule::fixed(&[
+        Fault::Pause,
+        Fault::Partition,
+        Fault::Kill,
+        Fault::LostReplies,
+    ])
 }
 
 /// The control run's faults: the same pause, twice.
@@ -124,24 +130,9 @@ async fn zookeeper_under_faults() {
 /// update; and the control run, the same pause without fencing, which must show both.
 async fn elections(backend: Backend) {
     let _serial = SERIAL.lock().await;
-    let mut fenced = Harness::start(CONTENDER, (backend, Primitive::Election), true, 3).await;
-    fenced.settle(Duration::from_secs(2)).await;
-    fenced
-        .run(&Schedule::fixed(&[
-            Fault::Pause,
-            Fault::Partition,
-            Fault::Kill,
-        ]))
-        .await;
-    fenced.settle(Duration::from_secs(2)).await;
-    let (report, log, faults) = fenced.finish().await;
-    let mut control = Harness::start(CONTENDER, (backend, Primitive::Election), false, 3).await;
-    control.settle(Duration::from_secs(2)).await;
-    control
-        .run(&Schedule::fixed(&[Fault::Pause, Fault::Pause]))
-        .await;
-    control.settle(Duration::from_secs(2)).await;
-    let (control_report, _, control_faults) = control.finish().await;
+    let election = (backend, Primitive::Election);
+    let (report, log, faults) = history(election, true, &[each_fault_once()]).await;
+    let (control_report, _, control_faults) = history(election, false, &[pauses()]).await;
     eprintln!(
         "\n| {backend:?} elections | faults | leaderships | writes accepted | stale writes refused | leaders lost | lost updates | violations |\n|---|---|---|---|---|---|---|---|\n{}\n{}\n",
         row("fenced", &report, &faults),

@@ -77,6 +77,14 @@ impl ZkFrameProxy {
             .push_back((ops.to_vec(), reset));
     }
 
+    /// Drops every rule that has not fired.
+    pub fn disarm(&self) {
+        self.rules
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clear();
+    }
+
     /// How many armed rules have not fired yet.
     pub fn armed(&self) -> usize {
         self.rules
