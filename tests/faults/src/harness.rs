@@ -5,7 +5,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use fencelock_testsupport::{
-    tmp_root, unique, zk_op, EtcdCluster, ProxyMode, TcpProxy, ZkEnsemble, ZkFrameProxy,
+    tmp_root, unique, zk_op, EtcdCluster, PeerLinks, ProxyMode, TcpProxy, ZkEnsemble, ZkFrameProxy,
 };
 use tokio::process::{Child, Command};
 
@@ -51,6 +51,9 @@ pub enum Fault {
     /// next create is lost; the connection closes after the request went out, so the server
     /// applied it. (On etcd, which has no such proxy here, it is not applied.)
     LostReplies,
+    /// ZooKeeper only: a follower is cut off from the other two members (its clients still
+    /// reach it) for two TTLs, then heals: the holder may be on it (review F1).
+    FollowerPartition,
 }
 
 /// Faults to apply in order, from a seed that is printed so a run can be replayed.
@@ -110,6 +113,8 @@ pub struct Harness {
     backend: Backend,
     etcd: Option<EtcdCluster>,
     zk: Option<ZkEnsemble>,
+    /// ZooKeeper: the links between members, each through a proxy of its own.
+    links: Option<PeerLinks>,
     /// The protected resource.
     pub register: Register,
     contenders: Vec<Contender>,
@@ -130,7 +135,7 @@ impl Harness {
         contenders: usize,
     ) -> Self {
         let ttl = Duration::from_secs(2);
-        let (etcd, zk, targets) = match backend {
+        let (etcd, zk, links, targets) = match backend {
             Backend::Etcd => {
                 let cluster = EtcdCluster::start(3);
                 let targets = cluster
@@ -138,16 +143,16 @@ impl Harness {
                     .iter()
                     .map(|m| format!("127.0.0.1:{}", m.client_port))
                     .collect();
-                (Some(cluster), None, targets)
+                (Some(cluster), None, None, targets)
             }
             Backend::ZooKeeper => {
-                let ensemble = ZkEnsemble::start(3);
+                let (ensemble, links) = ZkEnsemble::start_partitionable().await;
                 let targets: Vec<String> = ensemble
                     .connect_string()
                     .split(',')
                     .map(str::to_owned)
                     .collect();
-                (None, Some(ensemble), targets)
+                (None, Some(ensemble), Some(links), targets)
             }
         };
         let register = Register::start(fenced).await;
@@ -208,6 +213,7 @@ impl Harness {
             backend,
             etcd,
             zk,
+            links,
             register,
             contenders: running,
             ttl,
@@ -309,6 +315,17 @@ impl Harness {
                         frame.disarm();
                     }
                 }
+            }
+            Fault::FollowerPartition => {
+                let (Some(ensemble), Some(links)) = (&self.zk, &self.links) else {
+                    return;
+                };
+                let Some(follower) = (0..3).find(|&i| ensemble.mode(i) == "follower") else {
+                    return;
+                };
+                links.cut(follower, true);
+                tokio::time::sleep(two_ttls).await;
+                links.cut(follower, false);
             }
             Fault::Kill => match self.backend {
                 Backend::Etcd => {

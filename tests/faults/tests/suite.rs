@@ -52,14 +52,15 @@ async fn history(
     harness.finish().await
 }
 
-/// Scenarios 1-3: pause, partition, leader kill (and, on ZooKeeper, lost replies) once each,
-/// in a fixed order.
+/// Scenarios 1-3: pause, partition, leader kill (and, on ZooKeeper, lost replies and a
+/// follower cut off from the others) once each, in a fixed order.
 fn each_fault_once() -> Schedule {
     Schedule::fixed(&[
         Fault::Pause,
         Fault::Partition,
         Fault::Kill,
         Fault::LostReplies,
+        Fault::FollowerPartition,
     ])
 }
 
