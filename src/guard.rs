@@ -44,6 +44,8 @@ use crate::{Error, FencingToken, LockName, Result, StateKey};
 /// Dropping a guard fires its `lost` and releases the lock **in the background**: the release is
 /// not done when `drop` returns, and if the process exits first the lock stays held until its
 /// lease expires. Call [`release`](LockGuard::release) to know when, and whether, it happened.
+/// A guard dropped on a thread outside any Tokio runtime releases on the runtime it was granted
+/// on; only if that runtime has shut down too is the lock left to its lease (a warning says so).
 #[must_use = "the lock is released (in the background) as soon as the guard is dropped"]
 pub struct LockGuard {
     backend: &'static str,
@@ -55,6 +57,9 @@ pub struct LockGuard {
     held: Option<Box<dyn HeldLock>>,
     /// Why this one lock was lost, when the cause is the guard's own (not the session's).
     cause: std::sync::OnceLock<&'static str>,
+    /// The runtime the grant was made on: a guard dropped on a thread outside any runtime
+    /// releases on it (backends spawn their background release on the current runtime).
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl LockGuard {
@@ -79,6 +84,7 @@ impl LockGuard {
             checkpoint,
             held: Some(held),
             cause: std::sync::OnceLock::new(),
+            runtime: tokio::runtime::Handle::try_current().ok(),
         }
     }
 
@@ -361,6 +367,12 @@ impl Drop for LockGuard {
         self.lost.cancel();
         if let Some(held) = self.held.take() {
             tracing::debug!(backend = self.backend, lock = %self.name, token = %self.token, "guard dropped; releasing in the background");
+            // Outside any runtime (a plain thread), the grant's runtime runs the release; if
+            // that runtime has shut down too, the release is left to the lease.
+            let _entered = match (tokio::runtime::Handle::try_current(), &self.runtime) {
+                (Err(_), Some(runtime)) => Some(runtime.enter()),
+                _ => None,
+            };
             held.release_in_background();
         }
     }

@@ -344,3 +344,31 @@ async fn an_observer_cut_off_while_the_leader_changes_reports_the_leader_now() {
     )
     .await;
 }
+
+/// Issue 13.1: a guard dropped on a thread outside any Tokio runtime (a plain `std::thread`,
+/// a destructor in a C callback) still releases: the guard keeps its runtime's handle. Before,
+/// the release found no runtime, logged a warning and left the key to the lease, which the live
+/// session kept renewing: the lock stayed held for the session's life.
+#[test]
+fn a_guard_dropped_outside_the_runtime_is_still_released() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let cluster = EtcdCluster::start(1);
+    let prefix = format!("{}/", unique("drop"));
+    let (a, b) = runtime.block_on(async {
+        let connect = || EtcdBackend::connect(common::config(cluster.endpoints(), &prefix));
+        (connect().await.unwrap(), connect().await.unwrap())
+    });
+    let guard = runtime.block_on(a.lock("job")).unwrap();
+    std::thread::spawn(move || drop(guard)).join().unwrap();
+    // `a` keeps its session: only the release can let `b` in.
+    let next = runtime.block_on(async { tokio::time::timeout(common::TTL, b.lock("job")).await });
+    let next = next
+        .expect("the guard dropped outside the runtime must release")
+        .unwrap();
+    runtime.block_on(next.release()).unwrap();
+    drop(a);
+}
