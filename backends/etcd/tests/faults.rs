@@ -369,6 +369,9 @@ fn a_guard_dropped_outside_the_runtime_is_still_released() {
     let next = next
         .expect("the guard dropped outside the runtime must release")
         .unwrap();
-    runtime.block_on(next.release()).unwrap();
+    assert_eq!(
+        runtime.block_on(next.release()).unwrap(),
+        fencelock::ReleaseOutcome::Released
+    );
     drop(a);
 }
