@@ -58,7 +58,10 @@ impl Wait {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[must_use]
 pub enum ReleaseOutcome {
-    /// We still owned the lock, and it is now free for the next contender.
+    /// We still owned the lock, and it is now free for the next contender. After a retried
+    /// release whose first reply was lost, this also covers "our first attempt deleted it": the
+    /// retry finds the entry gone and the store cannot tell who removed it; the entry was ours
+    /// when that attempt was sent.
     Released,
     /// The lock was no longer ours (lease expired, taken away); nothing was deleted, so the
     /// next holder, if any, keeps it. Work done since the loss may have been refused or

@@ -330,8 +330,9 @@ pub(crate) fn attempt_limit(request_timeout: Duration, ttl: Duration) -> Duratio
     request_timeout.min((ttl / 3).max(Duration::from_millis(500)))
 }
 
-/// Owner-checked delete, retried within `budget`. During a leader change a single request can
-/// hang until the server gives up on it; the compare makes every retry safe.
+/// Owner-checked delete, retried within `budget`; true if it deleted the key (or an attempt
+/// whose reply was lost may have). During a leader change a single request can hang until the
+/// server gives up on it; the compare makes every retry safe.
 pub(crate) async fn release_key(
     client: &Client,
     key: &str,
@@ -340,13 +341,19 @@ pub(crate) async fn release_key(
     budget: Duration,
 ) -> Result<bool> {
     let start = tokio::time::Instant::now();
+    // Whether an earlier attempt may have deleted the key without our hearing of it.
+    let mut maybe_applied = false;
     // Bounded by `budget`.
     loop {
         match delete_if_created(client, key, token, attempt).await {
-            Ok(done) => return Ok(done),
+            // After a lost reply, a key found gone is most likely gone by our own delete: it
+            // was ours when that attempt was sent (review F12). The compare on the create
+            // revision means no attempt can have deleted anyone else's key.
+            Ok(done) => return Ok(done || maybe_applied),
             Err(e) if start.elapsed() + RETRY_PAUSE >= budget => return Err(e),
             Err(e) => {
                 tracing::debug!(%key, error = %e, "etcd: release attempt failed; retrying");
+                maybe_applied = true;
                 tokio::time::sleep(RETRY_PAUSE).await;
             }
         }

@@ -375,3 +375,37 @@ fn a_guard_dropped_outside_the_runtime_is_still_released() {
     );
     drop(a);
 }
+
+/// Review F12: the release's delete is applied but its reply is lost (the proxy drops the
+/// server's bytes), so the first attempt times out; the retry, once the link is back, finds the
+/// key gone. Our delete freed the lock: `Released`, not `NotOwned` (which tells the caller its
+/// work may have been overwritten).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_whose_reply_was_lost_reports_released() {
+    let cluster = EtcdCluster::start(1);
+    let proxy = TcpProxy::start(format!("127.0.0.1:{}", cluster.members[0].client_port)).await;
+    let prefix = format!("{}/", unique("lost-reply"));
+    let ttl = Duration::from_secs(9);
+    let a = EtcdBackend::connect(common::config(vec![proxy.endpoint()], &prefix).ttl(ttl))
+        .await
+        .unwrap();
+    let b = EtcdBackend::connect(common::config(cluster.endpoints(), &prefix))
+        .await
+        .unwrap();
+    let guard = a.lock("job").await.unwrap();
+    proxy.set_mode(ProxyMode::DropReplies);
+    let release = tokio::spawn(guard.release());
+    // Past the first attempt's limit (TTL/3 = 3 s, capped by the request timeout).
+    let first_attempt = ttl / 3;
+    tokio::time::sleep(first_attempt + Duration::from_millis(300)).await;
+    assert!(
+        b.try_lock("job").await.is_ok_and(|g| {
+            drop(g);
+            true
+        }),
+        "the delete must have been applied while its reply was dropped"
+    );
+    proxy.set_mode(ProxyMode::Forward);
+    let outcome = bounded("release", release).await.unwrap().unwrap();
+    assert_eq!(outcome, fencelock::ReleaseOutcome::Released);
+}

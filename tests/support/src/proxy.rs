@@ -12,6 +12,10 @@ pub enum ProxyMode {
     /// Accept and hold connections but forward nothing and send no RST: the hard case, where
     /// the client only learns of the cut from its own timers.
     BlackHole,
+    /// Forward the client's bytes to the server but drop the server's replies: requests are
+    /// applied, their answers lost. Like `BlackHole`, the connection is closed when forwarding
+    /// resumes.
+    DropReplies,
 }
 
 /// A proxy from a free loopback port to `target`, running on the current Tokio runtime.
@@ -56,15 +60,20 @@ impl TcpProxy {
 async fn pipe(client: TcpStream, server: TcpStream, mut mode: watch::Receiver<ProxyMode>) {
     let (mut cr, mut cw) = client.into_split();
     let (mut sr, mut sw) = server.into_split();
-    let up = copy(&mut cr, &mut sw, mode.clone());
-    let down = copy(&mut sr, &mut cw, mode.clone());
+    let up = copy(&mut cr, &mut sw, mode.clone(), &[ProxyMode::BlackHole]);
+    let down = copy(
+        &mut sr,
+        &mut cw,
+        mode.clone(),
+        &[ProxyMode::BlackHole, ProxyMode::DropReplies],
+    );
     // A connection that was black-holed has lost bytes mid-stream: when forwarding resumes it is
     // closed, so the client reconnects instead of talking over a corrupted stream.
     let healed = async {
-        let mut cut = *mode.borrow_and_update() == ProxyMode::BlackHole;
+        let mut cut = *mode.borrow_and_update() != ProxyMode::Forward;
         while mode.changed().await.is_ok() {
             match *mode.borrow_and_update() {
-                ProxyMode::BlackHole => cut = true,
+                ProxyMode::BlackHole | ProxyMode::DropReplies => cut = true,
                 ProxyMode::Forward if cut => return,
                 ProxyMode::Forward => {}
             }
@@ -78,6 +87,7 @@ async fn copy(
     from: &mut (impl AsyncReadExt + Unpin),
     to: &mut (impl AsyncWriteExt + Unpin),
     mode: watch::Receiver<ProxyMode>,
+    dropping: &[ProxyMode],
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -85,7 +95,7 @@ async fn copy(
             Ok(0) | Err(_) => return,
             Ok(n) => n,
         };
-        if *mode.borrow() == ProxyMode::BlackHole {
+        if dropping.contains(&*mode.borrow()) {
             continue; // read and dropped: no RST, no FIN, nothing
         }
         if to.write_all(&buf[..n]).await.is_err() {
