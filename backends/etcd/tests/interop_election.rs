@@ -48,6 +48,11 @@ async fn interrupt(mut child: Child) {
     let _ = tokio::time::timeout(BOUND, child.wait()).await;
 }
 
+async fn create_revision(factory: &common::EtcdFactory, key: &str) -> i64 {
+    let got = factory.admin.clone().get(key, None).await.unwrap();
+    got.kvs()[0].create_revision()
+}
+
 async fn backend(factory: &common::EtcdFactory) -> EtcdBackend {
     EtcdBackend::connect(common::config(factory.endpoints.clone(), &factory.prefix))
         .await
@@ -84,14 +89,7 @@ async fn etcdctl_elect_waits_for_our_leader_and_both_see_each_others_value() {
     let name = LockName::new("jobs").unwrap();
     let seen = ours.leader(&name).await.unwrap().expect("etcdctl leads");
     assert_eq!(seen.value, b"etcdctl-1");
-    let created = factory
-        .admin
-        .clone()
-        .get(their_key.as_str(), None)
-        .await
-        .unwrap()
-        .kvs()[0]
-        .create_revision();
+    let created = create_revision(&factory, &their_key).await;
     assert_eq!(seen.term.get(), created.unsigned_abs());
     assert!(seen.term > term);
     assert!(matches!(
@@ -113,14 +111,7 @@ async fn we_wait_for_an_etcdctl_leader_and_get_a_greater_term() {
     let election = format!("{}sched", factory.prefix);
     let (theirs, mut elected) = etcdctl(&factory.endpoints, &["elect", &election, "etcdctl-1"]);
     let their_key = line(&mut elected, "elected").await;
-    let their_rev = factory
-        .admin
-        .clone()
-        .get(their_key.as_str(), None)
-        .await
-        .unwrap()
-        .kvs()[0]
-        .create_revision();
+    let their_rev = create_revision(&factory, &their_key).await;
 
     let ours = Arc::new(backend(&factory).await);
     let waiting = {

@@ -270,13 +270,9 @@ async fn a_locally_lost_lock_leaves_no_node_when_the_session_comes_back() {
 /// first, which then waited for its own orphan.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_create_reply_leaves_no_orphan_node() {
-    use fencelock_testsupport::{zk_op, ZkFrameProxy};
+    use fencelock_testsupport::zk_op;
     let factory = common::ZkFactory::on(common::shared_standalone()).await;
-    let proxy = ZkFrameProxy::start(factory.connect.clone()).await;
-    let connect = format!("127.0.0.1:{}", proxy.port);
-    let a = ZkBackend::connect(common::config(&connect, &factory.base))
-        .await
-        .unwrap();
+    let (a, proxy) = framed_backend(&factory).await;
     let b = factory.backend().await;
     // A session and the lock's parent exist first, so the create is the first request lost.
     let warm = a.lock("orphan").await.unwrap();
@@ -304,15 +300,9 @@ async fn a_lost_create_reply_leaves_no_orphan_node() {
 /// finds no node. The lock was ours and our delete freed it: `Released`, not `NotOwned`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_release_whose_reply_was_lost_reports_released() {
-    use fencelock_testsupport::{zk_op, ZkFrameProxy};
+    use fencelock_testsupport::zk_op;
     let factory = common::ZkFactory::on(common::shared_standalone()).await;
-    let proxy = ZkFrameProxy::start(factory.connect.clone()).await;
-    let a = ZkBackend::connect(common::config(
-        &format!("127.0.0.1:{}", proxy.port),
-        &factory.base,
-    ))
-    .await
-    .unwrap();
+    let (a, proxy) = framed_backend(&factory).await;
     let guard = a.lock("lost-reply").await.unwrap();
     proxy.lose_reply_to(&[zk_op::DELETE]);
     let outcome = guard.release().await.unwrap();
@@ -327,15 +317,9 @@ async fn a_release_whose_reply_was_lost_reports_released() {
 /// its node (or create one) on the reconnected session, not fail.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reset_after_the_create_does_not_fail_a_waiting_acquire() {
-    use fencelock_testsupport::{zk_op, ZkFrameProxy};
+    use fencelock_testsupport::zk_op;
     let factory = common::ZkFactory::on(common::shared_standalone()).await;
-    let proxy = ZkFrameProxy::start(factory.connect.clone()).await;
-    let a = ZkBackend::connect(common::config(
-        &format!("127.0.0.1:{}", proxy.port),
-        &factory.base,
-    ))
-    .await
-    .unwrap();
+    let (a, proxy) = framed_backend(&factory).await;
     let warm = a.lock("reset").await.unwrap();
     assert_eq!(warm.release().await.unwrap(), ReleaseOutcome::Released);
     proxy.reset_after(&[zk_op::CREATE2, zk_op::CREATE]);
@@ -348,4 +332,17 @@ async fn a_reset_after_the_create_does_not_fail_a_waiting_acquire() {
     let children = factory.admin.list_children(&dir).await.unwrap();
     assert_eq!(children.len(), 1, "{children:?}");
     assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+}
+
+/// A backend whose link goes through a [`ZkFrameProxy`](fencelock_testsupport::ZkFrameProxy),
+/// which can lose the reply to a chosen request.
+async fn framed_backend(
+    factory: &common::ZkFactory,
+) -> (ZkBackend, fencelock_testsupport::ZkFrameProxy) {
+    let proxy = fencelock_testsupport::ZkFrameProxy::start(factory.connect.clone()).await;
+    let connect = format!("127.0.0.1:{}", proxy.port);
+    let backend = ZkBackend::connect(common::config(&connect, &factory.base))
+        .await
+        .unwrap();
+    (backend, proxy)
 }
