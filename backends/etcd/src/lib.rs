@@ -18,8 +18,15 @@
 //! # Interoperability
 //! The lock `N` under prefix `P` (default `fencelock/`) uses the keys `P N / <lease hex>`, the
 //! same Txn and the same ordering as Go's `concurrency.NewMutex(session, "P N")`, so Go services,
-//! `etcdctl lock P N` and fencelock exclude each other on one lock. The token is the key's create
-//! revision: what `etcdctl lock` exports to its child as `ETCD_LOCK_REV`.
+//! `etcdctl lock P N` and fencelock exclude each other on one lock. The token is the revision of
+//! the grant: what `etcdctl lock` exports to its child as `ETCD_LOCK_REV`.
+//!
+//! The election `N` uses the same keys with the candidate's value, as Go's
+//! `concurrency.NewElection(session, "P N")` writes them, so `etcdctl elect P N VALUE` and
+//! fencelock candidates lead in turn, and `etcdctl elect -l P N` and
+//! [`observe`](fencelock::LockBackend::observe) see each other's leaders. A leader's term is its
+//! key's create revision (what every observer sees); a proclaim is a put of the leader's own key
+//! compared on that revision, as Go's `Proclaim`.
 //!
 //! # The protocol
 //! This is the one description of it; the requests are built in `src/mutex.rs` (whose comments

@@ -19,6 +19,11 @@
 //! The lock `N` under base `B` (default `/fencelock`) is Curator's lock path `B/N`: Java's
 //! `new InterProcessMutex(client, "B/N")` and fencelock exclude each other.
 //!
+//! The election `N` is Curator's `LeaderLatch` path `B/N` (nodes `_c_<uuid>-latch-<seq>`, the
+//! data the participant id): `new LeaderLatch(client, "B/N", id)` and fencelock candidates lead
+//! in turn and see each other's ids. A leader's term is its node's czxid; a proclaim sets its
+//! node's data (Curator's latch ignores it).
+//!
 //! # The token
 //! The lock node's czxid (from the create2 reply): zxids are totally ordered across the
 //! ensemble, so it grows with every acquisition. Sequence numbers are not tokens: they are per
