@@ -82,7 +82,8 @@ impl Schedule {
                     Fault::Partition,
                     Fault::Kill,
                     Fault::LostReplies,
-                ][usize::try_from(next() % 4).unwrap_or(0)];
+                    Fault::FollowerPartition,
+                ][usize::try_from(next() % 5).unwrap_or(0)];
                 (fault, Duration::from_millis(500 + next() % 1500))
             })
             .collect();
@@ -320,7 +321,9 @@ impl Harness {
                 let (Some(ensemble), Some(links)) = (&self.zk, &self.links) else {
                     return;
                 };
-                let Some(follower) = (0..3).find(|&i| ensemble.mode(i) == "follower") else {
+                let modes: Vec<String> = (0..3).map(|i| ensemble.mode(i)).collect();
+                let Some(follower) = modes.iter().position(|m| m == "follower") else {
+                    eprintln!("faults: no follower to cut off (modes {modes:?})");
                     return;
                 };
                 links.cut(follower, true);
