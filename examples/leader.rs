@@ -36,20 +36,20 @@ async fn main() -> Result<()> {
     observe().await;
 
     let first = a.campaign("scheduler", "node-a").await?;
-    let write = jobs.admit("scheduler", first.term())?;
+    let write = jobs.admit("scheduler", first.term()).await?;
     println!("node-a leads with term {}, writes", first.term());
     drop(write);
     observe().await;
 
     a.pause_renewals(true).await; // node-a stalls: a GC pause, a frozen VM
     let second = b.campaign("scheduler", "node-b").await?; // elected once node-a's lease ends
-    let write = jobs.admit("scheduler", second.term())?;
+    let write = jobs.admit("scheduler", second.term()).await?;
     println!("node-b leads with term {}, writes", second.term());
     drop(write);
     observe().await;
 
     // node-a wakes and writes with its old term: the resource refuses it.
-    match jobs.admit("scheduler", first.term()) {
+    match jobs.admit("scheduler", first.term()).await {
         Err(e) => println!("node-a's write refused: {e}"),
         Ok(_) => println!("node-a's write accepted: fencing failed"),
     }

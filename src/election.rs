@@ -59,7 +59,7 @@ impl fmt::Debug for Leader {
 /// let mut leader = backend.campaign("scheduler", "node-a:8080").await?;
 /// leader
 ///     .run(async {
-///         let _write = jobs.admit("scheduler", leader.term())?; // refuses earlier leaders
+///         let _write = jobs.admit("scheduler", leader.term()).await?; // refuses earlier leaders
 ///         fencelock::Result::Ok(())
 ///     })
 ///     .await??;

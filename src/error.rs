@@ -61,7 +61,9 @@ pub enum Error {
     /// A fenced resource refused a token lower than one it has already accepted.
     #[error(
         "stale fencing token {presented} for `{lock}`: the resource already accepted {highest}, \
-         so a newer holder exists; this writer must stop"
+         so a newer holder exists and this writer must stop (or the lock store was restored \
+         from a snapshot or replaced, and hands out lower tokens: reset the fence for `{lock}` \
+         once no earlier holder can write)"
     )]
     StaleToken {
         /// The lock the token belongs to.
@@ -70,6 +72,22 @@ pub enum Error {
         presented: FencingToken,
         /// The highest token the resource has seen.
         highest: FencingToken,
+    },
+
+    /// A compare-and-set fence holds another token than the one presented: a newer holder must
+    /// claim its token before writing (see `FenceMode::CompareAndSet`).
+    #[error(
+        "fencing token {presented} for `{lock}` is not the claimed one ({}): claim it before \
+         writing",
+        .current.map_or("none claimed".to_owned(), |c| format!("{c} is"))
+    )]
+    TokenNotClaimed {
+        /// The lock the token belongs to.
+        lock: String,
+        /// The token that was presented.
+        presented: FencingToken,
+        /// The token the fence holds, if any.
+        current: Option<FencingToken>,
     },
 
     /// A lock name or state key is not acceptable.

@@ -1,32 +1,59 @@
 //! Resource-side fencing for stores outside the lock service.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 
 use crate::{Error, FencingToken, Result};
 
 /// The HTTP header that carries a fencing token: `Fencing-Token: <lock>=<token>`.
 pub const FENCING_TOKEN_HEADER: &str = "Fencing-Token";
 
-/// Keeps the highest token seen per lock and refuses lower ones: the check a protected resource
+/// How a [`Fence`] decides which tokens to admit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum FenceMode {
+    /// Admit a token at least the highest admitted so far, and raise the mark to it (the
+    /// default). The first write of a new holder is its claim.
+    #[default]
+    HighWater,
+    /// Admit only the token the fence holds; a new holder installs its token first with
+    /// [`Fence::claim`], which refuses tokens lower than the one held. This is the rule for
+    /// resources that can keep a value and compare it for equality but not for order (a
+    /// conditional write on an ETag, a version match): writes compare `==`, only the claim needs
+    /// order, and the claim can be a read, a local comparison and a compare-and-set.
+    CompareAndSet,
+}
+
+/// Keeps the token to admit per lock and refuses stale ones: the check a protected resource
 /// makes so that a paused, expired holder cannot overwrite its successor's work.
 ///
-/// Hold the returned [`FencePermit`] across the write: a newer holder's token cannot be admitted
-/// in between, so an older write can never land after a newer one.
+/// Hold the returned [`FencePermit`] across the write. Writes with the same token run
+/// concurrently; a newer token is admitted only once every permit of older tokens has been
+/// dropped, so an older write can never land after a newer one. Each lock has its own state, so
+/// locks never wait for each other, and the permit is `Send + 'static`: it can be held across
+/// `.await` in a spawned task or an HTTP handler.
+///
+/// This fence lives in one process's memory; a resource served by several replicas, or one that
+/// must remember across restarts, needs a durable fence shared by all of them (the
+/// `fencelock-fence` crate has one in PostgreSQL, and the store trait for others).
 ///
 /// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// use fencelock::{Error, Fence, FencingToken};
 ///
 /// let fence = Fence::new();
 /// let mut account = 0;
 /// {
-///     let _permit = fence.admit("payouts", FencingToken::new(7)).unwrap();
+///     let _permit = fence.admit("payouts", FencingToken::new(7)).await.unwrap();
 ///     account += 10; // the write, while the permit is held
 /// }
 /// // A holder whose lease ended long ago wakes up with token 5:
-/// let stale = fence.admit("payouts", FencingToken::new(5));
+/// let stale = fence.admit("payouts", FencingToken::new(5)).await;
 /// assert!(matches!(stale, Err(Error::StaleToken { .. })));
 /// assert_eq!(account, 10);
+/// # }
 /// ```
 ///
 /// # The same rule elsewhere
@@ -36,63 +63,206 @@ pub const FENCING_TOKEN_HEADER: &str = "Fencing-Token";
 /// - **HTTP**: send [`FENCING_TOKEN_HEADER`] (`Fencing-Token: payouts=7`, see
 ///   [`format_header`]/[`parse_header`]); the server admits it with a `Fence` and answers
 ///   `409 Conflict` on [`Error::StaleToken`].
+///
+/// # Tokens that go backwards
+/// A lock store restored from a snapshot, or a new cluster under the same lock name, hands out
+/// tokens lower than ones this fence admitted. The fence refuses them ([`Error::StaleToken`]
+/// says so): it cannot tell them from a stale holder. Once no holder from before the restore
+/// can still be running, [`Fence::reset`] the lock.
 #[derive(Debug, Default)]
 pub struct Fence {
-    highest: Mutex<HashMap<String, FencingToken>>,
+    mode: FenceMode,
+    locks: Mutex<HashMap<String, Arc<Slot>>>,
 }
 
-/// Admission through a [`Fence`]; no other token of any lock is admitted while it is held.
+#[derive(Debug, Default)]
+struct Slot {
+    /// The token to admit; changed only while `gate` is held for writing.
+    current: Mutex<Option<FencingToken>>,
+    /// Permits hold it shared; moving to a newer token takes it exclusively.
+    gate: Arc<RwLock<()>>,
+}
+
+impl Slot {
+    fn current(&self) -> Option<FencingToken> {
+        *self.current.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn set(&self, token: Option<FencingToken>) {
+        *self.current.lock().unwrap_or_else(PoisonError::into_inner) = token;
+    }
+}
+
+/// Admission through a [`Fence`]: while it is held, no newer token of its lock is admitted.
 #[derive(Debug)]
 #[must_use = "hold the permit across the write it protects"]
-pub struct FencePermit<'a> {
-    _highest: MutexGuard<'a, HashMap<String, FencingToken>>,
+pub struct FencePermit {
+    lock: String,
     token: FencingToken,
+    _gate: OwnedRwLockReadGuard<()>,
 }
 
-impl FencePermit<'_> {
+impl FencePermit {
     /// The token that was admitted.
     pub fn token(&self) -> FencingToken {
         self.token
     }
+
+    /// The lock the token belongs to.
+    pub fn lock(&self) -> &str {
+        &self.lock
+    }
+}
+
+/// What an admission must do, given the token the fence holds.
+enum Step {
+    Admit,
+    Raise,
 }
 
 impl Fence {
-    /// An empty fence: the first token of each lock is admitted.
+    /// An empty high-water fence: the first token of each lock is admitted.
     pub fn new() -> Self {
         Fence::default()
     }
 
-    /// Admits `token` for `lock` if it is at least the highest seen, and records it.
-    ///
-    /// # Errors
-    /// [`Error::StaleToken`] when a higher token was already admitted.
-    pub fn admit(&self, lock: &str, token: FencingToken) -> Result<FencePermit<'_>> {
-        let mut highest = self.highest.lock().unwrap_or_else(PoisonError::into_inner);
-        match highest.get(lock) {
-            Some(&seen) if token < seen => {
-                return Err(Error::StaleToken {
-                    lock: lock.to_owned(),
-                    presented: token,
-                    highest: seen,
-                })
-            }
-            _ => {
-                highest.insert(lock.to_owned(), token);
-            }
+    /// An empty fence with the given admission rule.
+    pub fn with_mode(mode: FenceMode) -> Self {
+        Fence {
+            mode,
+            locks: Mutex::default(),
         }
-        Ok(FencePermit {
-            _highest: highest,
-            token,
-        })
     }
 
-    /// The highest token admitted for `lock`.
+    /// The admission rule.
+    pub fn mode(&self) -> FenceMode {
+        self.mode
+    }
+
+    fn slot(&self, lock: &str) -> Arc<Slot> {
+        let mut locks = self.locks.lock().unwrap_or_else(PoisonError::into_inner);
+        Arc::clone(locks.entry(lock.to_owned()).or_default())
+    }
+
+    fn step(&self, lock: &str, token: FencingToken, current: Option<FencingToken>) -> Result<Step> {
+        match current {
+            Some(held) if token < held => Err(Error::StaleToken {
+                lock: lock.to_owned(),
+                presented: token,
+                highest: held,
+            }),
+            Some(held) if token == held => Ok(Step::Admit),
+            _ if self.mode == FenceMode::CompareAndSet => Err(Error::TokenNotClaimed {
+                lock: lock.to_owned(),
+                presented: token,
+                current,
+            }),
+            _ => Ok(Step::Raise),
+        }
+    }
+
+    /// Admits `token` for `lock`, waiting for permits of older tokens to be dropped when the
+    /// token is newer than the last admitted one (high-water mode raises the mark to it).
+    ///
+    /// # Errors
+    /// [`Error::StaleToken`] when a higher token was already admitted (or claimed);
+    /// [`Error::TokenNotClaimed`] in [`FenceMode::CompareAndSet`] for a token other than the
+    /// claimed one.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a cancelled admission admits nothing and leaves the mark as it was.
+    pub async fn admit(&self, lock: &str, token: FencingToken) -> Result<FencePermit> {
+        let slot = self.slot(lock);
+        let shared = Arc::clone(&slot.gate).read_owned().await;
+        if let Step::Admit = self.step(lock, token, slot.current())? {
+            return Ok(self.permit(lock, token, shared));
+        }
+        drop(shared);
+        let exclusive = Arc::clone(&slot.gate).write_owned().await;
+        // Checked again: a newer token may have been admitted while this one waited.
+        if let Step::Raise = self.step(lock, token, slot.current())? {
+            slot.set(Some(token));
+        }
+        Ok(self.permit(lock, token, exclusive.downgrade()))
+    }
+
+    /// [`admit`](Fence::admit) without waiting, for synchronous code.
+    ///
+    /// # Errors
+    /// As `admit`, and [`Error::WouldBlock`] when a newer token would have to wait for permits
+    /// of older tokens still held.
+    pub fn try_admit(&self, lock: &str, token: FencingToken) -> Result<FencePermit> {
+        let busy = || Error::WouldBlock {
+            name: lock.to_owned(),
+        };
+        let slot = self.slot(lock);
+        if let Ok(shared) = Arc::clone(&slot.gate).try_read_owned() {
+            if let Step::Admit = self.step(lock, token, slot.current())? {
+                return Ok(self.permit(lock, token, shared));
+            }
+        }
+        let exclusive = Arc::clone(&slot.gate)
+            .try_write_owned()
+            .map_err(|_| busy())?;
+        if let Step::Raise = self.step(lock, token, slot.current())? {
+            slot.set(Some(token));
+        }
+        Ok(self.permit(lock, token, exclusive.downgrade()))
+    }
+
+    /// Installs `token` as the one to admit for `lock` (the claim of a new holder in
+    /// [`FenceMode::CompareAndSet`]; in high-water mode it raises the mark like an admission
+    /// whose write is empty). Waits for permits of older tokens to be dropped.
+    ///
+    /// # Errors
+    /// [`Error::StaleToken`] when a higher token was already claimed or admitted.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a cancelled claim changes nothing.
+    pub async fn claim(&self, lock: &str, token: FencingToken) -> Result<()> {
+        let slot = self.slot(lock);
+        let _exclusive = Arc::clone(&slot.gate).write_owned().await;
+        match slot.current() {
+            Some(held) if token < held => Err(Error::StaleToken {
+                lock: lock.to_owned(),
+                presented: token,
+                highest: held,
+            }),
+            _ => {
+                slot.set(Some(token));
+                Ok(())
+            }
+        }
+    }
+
+    /// Forgets what was admitted for `lock`, so that its next token is admitted whatever it is:
+    /// the operator's recovery after the lock store was restored from a snapshot or replaced.
+    /// Call it only once no holder from before can still write. Waits for held permits.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a cancelled reset changes nothing.
+    pub async fn reset(&self, lock: &str) {
+        let slot = self.slot(lock);
+        let _exclusive = Arc::clone(&slot.gate).write_owned().await;
+        slot.set(None);
+    }
+
+    /// The highest token admitted (or claimed) for `lock`.
     pub fn highest(&self, lock: &str) -> Option<FencingToken> {
-        self.highest
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(lock)
-            .copied()
+        self.slot(lock).current()
+    }
+
+    fn permit(
+        &self,
+        lock: &str,
+        token: FencingToken,
+        gate: OwnedRwLockReadGuard<()>,
+    ) -> FencePermit {
+        FencePermit {
+            lock: lock.to_owned(),
+            token,
+            _gate: gate,
+        }
     }
 }
 
@@ -121,30 +291,4 @@ pub fn parse_header(value: &str) -> Result<(String, FencingToken)> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn equal_tokens_pass_lower_fail_per_lock() {
-        let fence = Fence::new();
-        drop(fence.admit("a", FencingToken::new(5)).unwrap());
-        drop(fence.admit("a", FencingToken::new(5)).unwrap());
-        drop(fence.admit("b", FencingToken::new(1)).unwrap());
-        let err = fence.admit("a", FencingToken::new(4)).unwrap_err();
-        assert!(matches!(err, Error::StaleToken { presented, highest, .. }
-            if presented.get() == 4 && highest.get() == 5));
-        assert_eq!(fence.highest("a"), Some(FencingToken::new(5)));
-    }
-
-    #[test]
-    fn header_round_trips() {
-        let v = format_header("payouts", FencingToken::new(9));
-        assert_eq!(
-            parse_header(&v).unwrap(),
-            ("payouts".into(), FencingToken::new(9))
-        );
-        assert!(parse_header("payouts").is_err());
-        assert!(parse_header("=9").is_err());
-        assert!(parse_header("a=x").is_err());
-    }
-}
+mod tests;

@@ -18,7 +18,7 @@
 //! let guard = locks.lock("ledger").await?;
 //! guard
 //!     .run(async {
-//!         let _permit = ledger.admit("ledger", guard.token())?; // refuses stale holders
+//!         let _permit = ledger.admit("ledger", guard.token()).await?; // refuses stale holders
 //!         // ... write ...
 //!         fencelock::Result::Ok(())
 //!     })
@@ -49,7 +49,7 @@ pub mod testkit;
 pub use backend::{LockBackend, LockBackendExt, LockStatus, ReleaseOutcome, Wait};
 pub use election::{Leader, Leadership};
 pub use error::{BoxError, Error, Result, StoreFailure};
-pub use fence::{format_header, parse_header, Fence, FencePermit, FENCING_TOKEN_HEADER};
+pub use fence::{format_header, parse_header, Fence, FenceMode, FencePermit, FENCING_TOKEN_HEADER};
 pub use guard::LockGuard;
 pub use memory::{MemoryBackend, MemoryConfig, MemoryStore};
 pub use name::{LockName, StateKey, MAX_NAME_LEN};

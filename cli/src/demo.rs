@@ -27,7 +27,7 @@ impl Register {
     async fn write(&self, who: &str, token: FencingToken, value: &str) {
         let mut balance = self.balance.lock().await;
         if let Some(fence) = &self.fence {
-            if let Err(e) = fence.admit("balance", token) {
+            if let Err(e) = fence.admit("balance", token).await {
                 println!("  resource: REFUSED {who}'s write ({e})");
                 return;
             }

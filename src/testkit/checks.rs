@@ -68,7 +68,7 @@ pub async fn mutual_exclusion<F: BackendFactory>(factory: &F) {
                     }
                     ok(
                         "mutual_exclusion: token refused by the fence",
-                        fence.admit(&name, guard.token()).map(drop),
+                        fence.admit(&name, guard.token()).await.map(drop),
                     );
                     let counter = ok("fenced_get", guard.fenced_get("counter").await);
                     let n: usize = counter

@@ -79,7 +79,7 @@ pub async fn election_one_leader_at_a_time<F: BackendFactory>(factory: &F) {
                     }
                     ok(
                         "elect: the term was refused by the fence",
-                        fence.admit(name.as_str(), leader.term()).map(drop),
+                        fence.admit(name.as_str(), leader.term()).await.map(drop),
                     );
                     terms
                         .lock()

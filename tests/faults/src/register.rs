@@ -124,7 +124,7 @@ impl Register {
                 // once in the seeded mix: a pause ended by chance inside the successor's first
                 // step), and the successor's write then overwrites it: a lost update.
                 if let Some(fence) = &state.fence {
-                    let _ = fence.admit("register", FencingToken::new(token));
+                    let _ = fence.try_admit("register", FencingToken::new(token));
                 }
                 (
                     Kind::Read,
@@ -134,7 +134,9 @@ impl Register {
             Some("WRITE") => {
                 let (value, read_version) = (number(3), number(4));
                 let accepted = match &state.fence {
-                    Some(fence) => fence.admit("register", FencingToken::new(token)).is_ok(),
+                    Some(fence) => fence
+                        .try_admit("register", FencingToken::new(token))
+                        .is_ok(),
                     None => true,
                 };
                 let stale_read = read_version != state.version;
