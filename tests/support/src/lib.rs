@@ -9,6 +9,7 @@
 
 mod curator;
 mod etcd;
+mod postgres;
 mod process;
 mod proxy;
 mod tls;
@@ -17,6 +18,7 @@ mod zookeeper;
 
 pub use curator::{compile_java, curator_classpath, JavaProgram};
 pub use etcd::{EtcdCluster, EtcdMember, COMPOSE_ETCD_ENDPOINTS, ETCD_ENV};
+pub use postgres::PgServer;
 pub use process::{free_port, tmp_root, unique};
 pub use proxy::{ProxyMode, TcpProxy};
 pub use tls::TlsFiles;

@@ -1,0 +1,247 @@
+//! The durable fence in PostgreSQL.
+
+use fencelock::{Error, FencingToken, Result, StoreFailure};
+use tokio_postgres::error::SqlState;
+use tokio_postgres::GenericClient;
+
+const BACKEND: &str = "postgres fence";
+
+/// A fence table in PostgreSQL: one row per lock holding the highest token admitted.
+///
+/// [`admit`](PgFence::admit) runs inside the caller's transaction: one upsert that locks the
+/// lock's fence row until that transaction ends and raises the mark to the presented token, or
+/// refuses it with [`Error::StaleToken`]. The caller's own statements then run in the same
+/// transaction, so the check and the write commit together or not at all, whatever the
+/// isolation level: a newer holder's admission waits for this transaction, and a stale one that
+/// comes after it is refused. Refused: drop (roll back) the transaction.
+///
+/// ```no_run
+/// # async fn f(client: &mut tokio_postgres::Client, token: fencelock::FencingToken)
+/// # -> Result<(), Box<dyn std::error::Error>> {
+/// use fencelock_fence::postgres::PgFence;
+///
+/// let fence = PgFence::new("fencelock_fence")?;
+/// fence.create_table(&*client).await?; // once; idempotent
+/// let tx = client.transaction().await?;
+/// fence.admit(&tx, "payouts", token).await?; // Err(StaleToken): tx is dropped, rolled back
+/// tx.execute("UPDATE accounts SET balance = balance - 10 WHERE id = 1", &[]).await?;
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct PgFence {
+    table: String,
+}
+
+impl PgFence {
+    /// A fence kept in `table` (`name` or `schema.name`: letters, digits, `_`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] when `table` is not such a name.
+    pub fn new(table: &str) -> Result<Self> {
+        let valid = |part: &str| {
+            part.chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                && part.len() <= 63
+        };
+        let parts: Vec<&str> = table.split('.').collect();
+        if parts.len() > 2 || !parts.iter().all(|p| valid(p)) {
+            return Err(Error::config(
+                "table",
+                format!("{table:?} is not `name` or `schema.name` of letters, digits and `_`"),
+            ));
+        }
+        Ok(PgFence {
+            table: table.to_owned(),
+        })
+    }
+
+    /// The table's name.
+    pub fn table(&self) -> &str {
+        &self.table
+    }
+
+    /// Creates the fence table if it does not exist.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when PostgreSQL refuses or cannot be reached.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: the statement is idempotent.
+    pub async fn create_table(&self, client: &impl GenericClient) -> Result<()> {
+        let sql = format!(
+            "CREATE TABLE IF NOT EXISTS {} (lock text PRIMARY KEY, token bigint NOT NULL, \
+             admitted_at timestamptz NOT NULL DEFAULT now())",
+            self.table
+        );
+        client
+            .batch_execute(&sql)
+            .await
+            .map_err(|e| pg_error("create the fence table", e))
+    }
+
+    /// Admits `token` for `lock` in the caller's transaction `tx`: raises the mark to it, or
+    /// refuses it when a higher token was admitted. The fence row stays locked until `tx` ends.
+    ///
+    /// # Errors
+    /// [`Error::StaleToken`] when a higher token was admitted (or the lock store was restored
+    /// and issues lower tokens: see [`reset`](PgFence::reset)); [`Error::Backend`] when
+    /// PostgreSQL fails ([`Error::is_retryable`] for serialization failures and lost
+    /// connections). After an error, roll `tx` back.
+    ///
+    /// # Cancel safety
+    /// Cancel safe as long as `tx` is then rolled back (dropping it does).
+    pub async fn admit(
+        &self,
+        tx: &impl GenericClient,
+        lock: &str,
+        token: FencingToken,
+    ) -> Result<()> {
+        let value = to_sql(token)?;
+        // ON CONFLICT DO UPDATE locks the row and works on its latest committed version at any
+        // isolation level, so GREATEST compares against what the last holder committed.
+        let sql = format!(
+            "INSERT INTO {t} AS f (lock, token) VALUES ($1, $2) \
+             ON CONFLICT (lock) DO UPDATE SET token = GREATEST(f.token, EXCLUDED.token), \
+             admitted_at = CASE WHEN f.token < EXCLUDED.token THEN now() ELSE f.admitted_at END \
+             RETURNING f.token",
+            t = self.table
+        );
+        let row = tx
+            .query_one(&sql, &[&lock, &value])
+            .await
+            .map_err(|e| pg_error("admit a fencing token", e))?;
+        let highest = from_sql(row.get::<_, i64>(0))?;
+        if highest > token {
+            return Err(Error::StaleToken {
+                lock: lock.to_owned(),
+                presented: token,
+                highest,
+            });
+        }
+        Ok(())
+    }
+
+    /// The highest token admitted for `lock`.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when PostgreSQL fails.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a read.
+    pub async fn highest(
+        &self,
+        client: &impl GenericClient,
+        lock: &str,
+    ) -> Result<Option<FencingToken>> {
+        let sql = format!("SELECT token FROM {} WHERE lock = $1", self.table);
+        let row = client
+            .query_opt(&sql, &[&lock])
+            .await
+            .map_err(|e| pg_error("read the fence", e))?;
+        row.map(|r| from_sql(r.get::<_, i64>(0))).transpose()
+    }
+
+    /// Forgets `lock`'s mark, so that its next token is admitted whatever it is: the operator's
+    /// recovery after the lock store was restored from a snapshot or replaced. Run it only once
+    /// no holder from before can still write.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when PostgreSQL fails.
+    ///
+    /// # Cancel safety
+    /// Cancel safe: one statement.
+    pub async fn reset(&self, client: &impl GenericClient, lock: &str) -> Result<()> {
+        let sql = format!("DELETE FROM {} WHERE lock = $1", self.table);
+        client
+            .execute(&sql, &[&lock])
+            .await
+            .map(drop)
+            .map_err(|e| pg_error("reset the fence", e))
+    }
+}
+
+/// The column pattern, for data that carries its own token: runs `UPDATE <table> SET <set>,
+/// <token_column> = $1 WHERE <where> AND <token_column> <= $1` with `$1` the token and the
+/// caller's parameters from `$2` on. Returns the number of rows updated; 0 means a newer holder
+/// wrote these rows (or none matched `where`), so stop.
+///
+/// `table`, `set`, `token_column` and `filter` are SQL text from the caller's code, never from
+/// user input.
+///
+/// # Errors
+/// [`Error::Backend`] when PostgreSQL fails.
+///
+/// # Cancel safety
+/// Cancel safe: one statement, applied entirely or not at all.
+pub async fn update_fenced(
+    client: &impl GenericClient,
+    token: FencingToken,
+    statement: FencedUpdate<'_>,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<u64> {
+    let value = to_sql(token)?;
+    let FencedUpdate {
+        table,
+        set,
+        token_column,
+        filter,
+    } = statement;
+    let sql = format!(
+        "UPDATE {table} SET {set}, {token_column} = $1 WHERE ({filter}) AND {token_column} <= $1"
+    );
+    let mut all: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&value];
+    all.extend_from_slice(params);
+    client
+        .execute(&sql, &all)
+        .await
+        .map_err(|e| pg_error("fenced update", e))
+}
+
+/// The parts of an [`update_fenced`] statement.
+#[derive(Clone, Copy, Debug)]
+pub struct FencedUpdate<'a> {
+    /// The table.
+    pub table: &'a str,
+    /// The assignments, e.g. `state = $2`.
+    pub set: &'a str,
+    /// The column holding the token of the last write.
+    pub token_column: &'a str,
+    /// Which rows, e.g. `id = $3`.
+    pub filter: &'a str,
+}
+
+fn to_sql(token: FencingToken) -> Result<i64> {
+    i64::try_from(token.get())
+        .map_err(|_| Error::config("token", format!("{token} does not fit PostgreSQL's bigint")))
+}
+
+fn from_sql(value: i64) -> Result<FencingToken> {
+    u64::try_from(value).map(FencingToken::new).map_err(|_| {
+        Error::protocol(
+            BACKEND,
+            format!("negative token {value} in the fence table"),
+        )
+    })
+}
+
+fn pg_error(what: &str, e: tokio_postgres::Error) -> Error {
+    let retryable = e.is_closed()
+        || e.code().is_some_and(|c| {
+            *c == SqlState::T_R_SERIALIZATION_FAILURE || *c == SqlState::T_R_DEADLOCK_DETECTED
+        })
+        || e.code().is_none();
+    let refused = e.code().is_some_and(|c| {
+        *c == SqlState::INSUFFICIENT_PRIVILEGE || *c == SqlState::INVALID_PASSWORD
+    });
+    let kind = if refused {
+        StoreFailure::Unauthorized
+    } else if retryable {
+        StoreFailure::Unavailable
+    } else {
+        StoreFailure::Protocol
+    };
+    Error::store(BACKEND, kind, what.to_owned(), Some(Box::new(e)))
+}

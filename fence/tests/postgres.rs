@@ -1,0 +1,237 @@
+//! The PostgreSQL fence against a real PostgreSQL, with tokens from a real etcd.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use fencelock::{Error, FencingToken, LockBackend, LockBackendExt};
+use fencelock_etcd::{EtcdBackend, EtcdConfig};
+use fencelock_fence::postgres::{update_fenced, FencedUpdate, PgFence};
+use fencelock_testsupport::{unique, EtcdCluster, PgServer};
+use tokio_postgres::{Client, NoTls};
+
+async fn connect(pg: &PgServer) -> Client {
+    let (client, connection) = tokio_postgres::connect(&pg.url(), NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {}: {e}; log:\n{}", pg.url(), pg.logs()));
+    tokio::spawn(connection);
+    client
+}
+
+#[derive(Default)]
+struct Tally {
+    committed: AtomicU64,
+    refused: AtomicU64,
+}
+
+/// One writer: takes the lock, lets its lease go (from then on it is a holder that has not
+/// noticed it lost the lock), and does a read-modify-write of the register some time later,
+/// while newer holders do theirs.
+async fn writer(
+    backend: Arc<dyn LockBackend>,
+    pg: Arc<PgServer>,
+    fence: Option<PgFence>,
+    table: String,
+    seed: u64,
+    tally: Arc<Tally>,
+) {
+    let mut client = connect(&pg).await;
+    let jitter = |i: u64| Duration::from_millis((seed * 7 + i * 13) % 17);
+    for round in 0..10u64 {
+        let guard = backend.lock("account").await.unwrap();
+        let token = guard.token();
+        let _ = guard.release().await.unwrap();
+        tokio::time::sleep(jitter(round)).await;
+        // The read is fenced too, so a newer holder's read raises the mark (see the README).
+        let tx = client.transaction().await.unwrap();
+        if let Some(fence) = &fence {
+            if let Err(e) = fence.admit(&tx, "account", token).await {
+                assert!(matches!(e, Error::StaleToken { .. }), "{e}");
+                tally.refused.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+        }
+        let sql = format!("SELECT value FROM {table} WHERE id = 1");
+        let value: i64 = tx.query_one(&sql, &[]).await.unwrap().get(0);
+        tx.commit().await.unwrap();
+        tokio::time::sleep(jitter(round + 5)).await;
+        let tx = client.transaction().await.unwrap();
+        if let Some(fence) = &fence {
+            if let Err(e) = fence.admit(&tx, "account", token).await {
+                assert!(matches!(e, Error::StaleToken { .. }), "{e}");
+                tally.refused.fetch_add(1, Ordering::Relaxed);
+                continue; // dropped: rolled back
+            }
+        }
+        let sql = format!("UPDATE {table} SET value = $1 WHERE id = 1");
+        tx.execute(&sql, &[&(value + 1)]).await.unwrap();
+        let sql = format!("INSERT INTO {table}_history (token) VALUES ($1)");
+        tx.execute(&sql, &[&i64::try_from(token.get()).unwrap()])
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        tally.committed.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+async fn run(pg: &Arc<PgServer>, etcd: &EtcdCluster, fenced: bool) -> (u64, u64, i64, Vec<i64>) {
+    let client = connect(pg).await;
+    let table = if fenced { "fenced" } else { "plain" }.to_owned();
+    client
+        .batch_execute(&format!(
+            "CREATE TABLE {table} (id int PRIMARY KEY, value bigint NOT NULL); \
+             INSERT INTO {table} VALUES (1, 0); \
+             CREATE TABLE {table}_history (seq bigserial PRIMARY KEY, token bigint NOT NULL)"
+        ))
+        .await
+        .unwrap();
+    let fence = PgFence::new("fencelock_fence").unwrap();
+    fence.create_table(&client).await.unwrap();
+    let config = EtcdConfig::new(etcd.endpoints())
+        .prefix(format!("{}/", unique("/fence-test")))
+        .ttl(Duration::from_secs(5));
+    let backend: Arc<dyn LockBackend> = Arc::new(EtcdBackend::connect(config).await.unwrap());
+    let tally = Arc::new(Tally::default());
+    let writers: Vec<_> = (0..6)
+        .map(|seed| {
+            tokio::spawn(writer(
+                Arc::clone(&backend),
+                Arc::clone(pg),
+                fenced.then(|| fence.clone()),
+                table.clone(),
+                seed,
+                Arc::clone(&tally),
+            ))
+        })
+        .collect();
+    for w in writers {
+        w.await.unwrap();
+    }
+    let _ = backend.close().await;
+    let value: i64 = client
+        .query_one(&format!("SELECT value FROM {table} WHERE id = 1"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    let tokens: Vec<i64> = client
+        .query(
+            &format!("SELECT token FROM {table}_history ORDER BY seq"),
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    (
+        tally.committed.load(Ordering::Relaxed),
+        tally.refused.load(Ordering::Relaxed),
+        value,
+        tokens,
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stale_holders_never_commit_and_plain_writes_lose_updates() {
+    let pg = Arc::new(PgServer::start());
+    let etcd = EtcdCluster::start(1);
+
+    let (committed, refused, value, tokens) = run(&pg, &etcd, true).await;
+    println!("fenced: {committed} committed, {refused} refused, register = {value}");
+    assert!(
+        refused > 0,
+        "no stale token was presented: the test proves nothing"
+    );
+    assert_eq!(
+        u64::try_from(value).unwrap(),
+        committed,
+        "a committed write was lost"
+    );
+    assert!(
+        tokens.windows(2).all(|w| w[0] <= w[1]),
+        "a stale token committed after a newer one: {tokens:?}"
+    );
+
+    let (committed, _, value, _) = run(&pg, &etcd, false).await;
+    println!("plain: {committed} committed, register = {value}");
+    assert!(
+        u64::try_from(value).unwrap() < committed,
+        "the control lost no update: the interleaving does not exercise the fence"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fence_survives_a_server_restart_and_refuses_lower_tokens() {
+    let mut pg = PgServer::start();
+    let fence = PgFence::new("public.fence").unwrap();
+    let mut client = connect(&pg).await;
+    fence.create_table(&client).await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    fence
+        .admit(&tx, "jobs", FencingToken::new(10))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    // Refused, and rolled back: its write never lands.
+    let tx = client.transaction().await.unwrap();
+    let err = fence
+        .admit(&tx, "jobs", FencingToken::new(9))
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("restored"), "{err}");
+    drop(tx);
+    drop(client);
+
+    pg.restart();
+    let mut client = connect(&pg).await;
+    assert_eq!(
+        fence.highest(&client, "jobs").await.unwrap(),
+        Some(FencingToken::new(10))
+    );
+    let tx = client.transaction().await.unwrap();
+    assert!(matches!(
+        fence.admit(&tx, "jobs", FencingToken::new(9)).await,
+        Err(Error::StaleToken { presented, highest, .. })
+            if presented.get() == 9 && highest.get() == 10
+    ));
+    drop(tx);
+    // The operator's recovery after a restored lock store: forget the mark.
+    fence.reset(&client, "jobs").await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    fence
+        .admit(&tx, "jobs", FencingToken::new(3))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    // The column pattern.
+    client
+        .batch_execute(
+            "CREATE TABLE job (id int PRIMARY KEY, state text, fence_token bigint NOT NULL); \
+             INSERT INTO job VALUES (1, 'new', 0)",
+        )
+        .await
+        .unwrap();
+    let update = FencedUpdate {
+        table: "job",
+        set: "state = $2",
+        token_column: "fence_token",
+        filter: "id = $3",
+    };
+    let n = update_fenced(&client, FencingToken::new(5), update, &[&"run", &1i32])
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    let n = update_fenced(&client, FencingToken::new(4), update, &[&"stale", &1i32])
+        .await
+        .unwrap();
+    assert_eq!(n, 0, "a lower token updated the row");
+    let state: String = client
+        .query_one("SELECT state FROM job WHERE id = 1", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(state, "run");
+    assert!(PgFence::new("bad; DROP TABLE job").is_err());
+}
