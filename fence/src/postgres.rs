@@ -6,6 +6,9 @@ use tokio_postgres::GenericClient;
 
 const BACKEND: &str = "postgres fence";
 
+mod store;
+pub use store::PgFenceStore;
+
 /// A fence table in PostgreSQL: one row per lock holding the highest token admitted.
 ///
 /// [`admit`](PgFence::admit) runs inside the caller's transaction: one upsert that locks the
