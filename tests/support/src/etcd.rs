@@ -204,6 +204,45 @@ impl EtcdCluster {
         self.wait_healthy(i);
     }
 
+    /// Saves a snapshot of a single-member cluster's data to `file` (`etcdctl snapshot save`).
+    pub fn save_snapshot(&self, file: &std::path::Path) {
+        assert_eq!(self.members.len(), 1, "snapshots of single members only");
+        if let Err(e) = self.etcdctl(&["snapshot", "save", &file.to_string_lossy()]) {
+            panic!("etcdctl snapshot save: {e}");
+        }
+    }
+
+    /// Replaces a single-member cluster's data with `file`, as an operator restores a backup:
+    /// stops the member, `etcdctl snapshot restore` into a fresh data dir, starts it again.
+    pub fn restore_snapshot(&mut self, file: &std::path::Path) {
+        assert_eq!(self.members.len(), 1, "snapshots of single members only");
+        self.kill(0);
+        let member = &self.members[0];
+        let data = self.dir.join(&member.name).join("data");
+        if let Err(e) = std::fs::remove_dir_all(&data) {
+            panic!("remove {}: {e}", data.display());
+        }
+        let peer = format!("http://127.0.0.1:{}", member.peer_port);
+        let out = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["snapshot", "restore", &file.to_string_lossy()])
+            .arg(format!("--data-dir={}", data.to_string_lossy()))
+            .arg(format!("--name={}", member.name))
+            .arg(format!("--initial-cluster={}={peer}", member.name))
+            .arg(format!("--initial-advertise-peer-urls={peer}"))
+            .arg(format!("--initial-cluster-token={}", unique("restored")))
+            .output();
+        match out {
+            Ok(out) if out.status.success() => {}
+            Ok(out) => panic!(
+                "etcdctl snapshot restore: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ),
+            Err(e) => panic!("cannot run etcdctl: {e}"),
+        }
+        self.restart(0);
+    }
+
     /// Pauses (`true`) or resumes member `i` with SIGSTOP / SIGCONT.
     pub fn pause(&self, i: usize, paused: bool) {
         self.members[i]
