@@ -6,6 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: a panic is the report
 
 mod failover;
+mod fence;
 mod handoff;
 mod latency;
 mod loss;
@@ -24,7 +25,9 @@ static ALLOCATOR: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
 #[tokio::main]
 async fn main() {
     let what = std::env::args().nth(1).unwrap_or_else(|| "all".into());
-    let known = ["all", "latency", "handoff", "scale", "loss", "failover"];
+    let known = [
+        "all", "latency", "handoff", "scale", "loss", "failover", "fence",
+    ];
     if !known.contains(&what.as_str()) {
         eprintln!("usage: fencelock-bench [{}]", known.join("|"));
         std::process::exit(64);
@@ -33,6 +36,9 @@ async fn main() {
     let started = std::time::Instant::now();
     let mut handoffs = Vec::new();
     for size in [1, 3] {
+        if what == "fence" {
+            break; // needs only PostgreSQL
+        }
         let servers = Servers::start(size);
         if wants("latency") {
             latency::run(&servers).await;
@@ -49,6 +55,9 @@ async fn main() {
         if wants("failover") {
             failover::run(&servers).await;
         }
+    }
+    if wants("fence") {
+        fence::run().await;
     }
     if !handoffs.is_empty() {
         let path = plot::write(&handoffs);

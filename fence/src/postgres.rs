@@ -5,18 +5,22 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::GenericClient;
 
 const BACKEND: &str = "postgres fence";
+const ADMIT_SUFFIX: &str = "_admit";
 
 mod store;
 pub use store::PgFenceStore;
 
 /// A fence table in PostgreSQL: one row per lock holding the highest token admitted.
 ///
-/// [`admit`](PgFence::admit) runs inside the caller's transaction: one upsert that locks the
-/// lock's fence row until that transaction ends and raises the mark to the presented token, or
-/// refuses it with [`Error::StaleToken`]. The caller's own statements then run in the same
-/// transaction, so the check and the write commit together or not at all, whatever the
-/// isolation level: a newer holder's admission waits for this transaction, and a stale one that
-/// comes after it is refused. Refused: drop (roll back) the transaction.
+/// [`admit`](PgFence::admit) runs inside the caller's transaction: one statement that locks
+/// the lock's fence row until that transaction ends (shared for the token already admitted, so
+/// one holder's concurrent writes run side by side; exclusively when it raises the mark to a
+/// newer token), or refuses the token with [`Error::StaleToken`]. The caller's own statements
+/// then run in the same transaction, so the check and the write commit together or not at all:
+/// a newer holder's admission waits for this transaction, and a stale one that comes after it
+/// is refused. Refused: drop (roll back) the transaction. Under `REPEATABLE READ` or
+/// `SERIALIZABLE`, a raise by another transaction since this one's snapshot makes `admit` fail
+/// with a serialization failure ([`Error::is_retryable`]): retry the transaction.
 ///
 /// ```no_run
 /// # async fn f(client: &mut tokio_postgres::Client, token: fencelock::FencingToken)
@@ -56,9 +60,23 @@ impl PgFence {
                 format!("{table:?} is not `name` or `schema.name` of letters, digits and `_`"),
             ));
         }
+        if parts
+            .last()
+            .is_some_and(|name| name.len() + ADMIT_SUFFIX.len() > 63)
+        {
+            return Err(Error::config(
+                "table",
+                format!("{table:?}: the name must leave room for `{ADMIT_SUFFIX}` in 63 bytes"),
+            ));
+        }
         Ok(PgFence {
             table: table.to_owned(),
         })
+    }
+
+    /// The admission function created next to the table.
+    fn admit_function(&self) -> String {
+        format!("{}{ADMIT_SUFFIX}", self.table)
     }
 
     /// The table's name.
@@ -66,7 +84,8 @@ impl PgFence {
         &self.table
     }
 
-    /// Creates the fence table if it does not exist.
+    /// Creates the fence table, and the admission function next to it (`<table>_admit`), if
+    /// they do not exist.
     ///
     /// # Errors
     /// [`Error::Backend`] when PostgreSQL refuses or cannot be reached.
@@ -74,10 +93,30 @@ impl PgFence {
     /// # Cancel safety
     /// Cancel safe: the statement is idempotent.
     pub async fn create_table(&self, client: &impl GenericClient) -> Result<()> {
+        // The function makes admission one round trip that writes only when it raises the
+        // mark: the UPDATE locks the row only when the token is newer (a row it does not match
+        // is not locked), so writes with the held token share the row FOR SHARE and run side by
+        // side, while a newer token's UPDATE waits for all of them. Taking FOR SHARE first and
+        // upgrading would deadlock two writers raising to the same new token.
         let sql = format!(
-            "CREATE TABLE IF NOT EXISTS {} (lock text PRIMARY KEY, token bigint NOT NULL, \
-             admitted_at timestamptz NOT NULL DEFAULT now())",
-            self.table
+            "CREATE TABLE IF NOT EXISTS {t} (lock text PRIMARY KEY, token bigint NOT NULL, \
+             admitted_at timestamptz NOT NULL DEFAULT now()); \
+             CREATE OR REPLACE FUNCTION {f}(p_lock text, p_token bigint) RETURNS bigint \
+             LANGUAGE plpgsql AS $fencelock$ \
+             DECLARE held bigint; \
+             BEGIN \
+               FOR attempt IN 1..3 LOOP \
+                 UPDATE {t} SET token = p_token, admitted_at = now() \
+                   WHERE lock = p_lock AND token < p_token; \
+                 SELECT token INTO held FROM {t} WHERE lock = p_lock FOR SHARE; \
+                 IF FOUND THEN RETURN held; END IF; \
+                 INSERT INTO {t} (lock, token) VALUES (p_lock, p_token) \
+                   ON CONFLICT (lock) DO NOTHING; \
+               END LOOP; \
+               RAISE EXCEPTION 'the fence row of % keeps disappearing', p_lock; \
+             END $fencelock$",
+            t = self.table,
+            f = self.admit_function(),
         );
         client
             .batch_execute(&sql)
@@ -103,15 +142,9 @@ impl PgFence {
         token: FencingToken,
     ) -> Result<()> {
         let value = to_sql(token)?;
-        // ON CONFLICT DO UPDATE locks the row and works on its latest committed version at any
-        // isolation level, so GREATEST compares against what the last holder committed.
-        let sql = format!(
-            "INSERT INTO {t} AS f (lock, token) VALUES ($1, $2) \
-             ON CONFLICT (lock) DO UPDATE SET token = GREATEST(f.token, EXCLUDED.token), \
-             admitted_at = CASE WHEN f.token < EXCLUDED.token THEN now() ELSE f.admitted_at END \
-             RETURNING f.token",
-            t = self.table
-        );
+        // The row lock taken (FOR SHARE, or the raise's) makes the comparison against the
+        // latest committed token, and holds it until `tx` ends.
+        let sql = format!("SELECT {}($1, $2)", self.admit_function());
         let row = tx
             .query_one(&sql, &[&lock, &value])
             .await

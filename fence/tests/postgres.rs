@@ -235,3 +235,87 @@ async fn the_fence_survives_a_server_restart_and_refuses_lower_tokens() {
     assert_eq!(state, "run");
     assert!(PgFence::new("bad; DROP TABLE job").is_err());
 }
+
+/// One holder's concurrent transactions share the fence row; a newer token waits for all of
+/// them; two transactions raising to the same new token do not deadlock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_token_transactions_run_side_by_side_and_raises_wait_for_them() {
+    // Bounded as a whole: every await below waits on PostgreSQL's row locks.
+    tokio::time::timeout(Duration::from_secs(60), sharing_and_raising())
+        .await
+        .expect("the row-lock scenario did not finish in 60 s");
+}
+
+async fn sharing_and_raising() {
+    let pg = Arc::new(PgServer::start());
+    let fence = PgFence::new("share_fence").unwrap();
+    let (mut a, mut b) = (connect(&pg).await, connect(&pg).await);
+    fence.create_table(&a).await.unwrap();
+    let t = FencingToken::new;
+    // The lock's first admission inserts its row, and a row being inserted makes the others
+    // wait until it commits (PostgreSQL's insertion conflict); after that, sharing holds.
+    let tx = a.transaction().await.unwrap();
+    fence.admit(&tx, "jobs", t(4)).await.unwrap();
+    tx.commit().await.unwrap();
+
+    let tx_a = a.transaction().await.unwrap();
+    fence.admit(&tx_a, "jobs", t(5)).await.unwrap();
+    let tx = b.transaction().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(1), fence.admit(&tx, "jobs", t(5)))
+        .await
+        .expect_err("a token being raised was shared before its raise committed");
+    drop(tx);
+    tx_a.commit().await.unwrap();
+    let tx_a = a.transaction().await.unwrap();
+    fence.admit(&tx_a, "jobs", t(5)).await.unwrap();
+    let tx_b = b.transaction().await.unwrap();
+    // The same token while tx_a is open: admitted at once (it would wait for tx_a if the
+    // admission locked the row exclusively).
+    tokio::time::timeout(Duration::from_secs(5), fence.admit(&tx_b, "jobs", t(5)))
+        .await
+        .expect("the same token waited for another transaction")
+        .unwrap();
+
+    let raise = |token: u64| {
+        let (pg, fence) = (Arc::clone(&pg), fence.clone());
+        tokio::spawn(async move {
+            let mut client = connect(&pg).await;
+            let tx = client.transaction().await.unwrap();
+            let result = fence.admit(&tx, "jobs", t(token)).await;
+            tx.commit().await.unwrap();
+            result
+        })
+    };
+    let newer = raise(6);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !newer.is_finished(),
+        "a newer token was admitted while older ones wrote"
+    );
+    tx_a.commit().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !newer.is_finished(),
+        "admitted while an older transaction was open"
+    );
+    tx_b.commit().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), newer)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+
+    // Two raises to one new token at once: one raises, the other shares (a deadlock would be
+    // an error here).
+    let tx_a = a.transaction().await.unwrap();
+    fence.admit(&tx_a, "jobs", t(7)).await.unwrap();
+    let second = raise(7);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    tx_a.commit().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), second)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(fence.highest(&a, "jobs").await.unwrap(), Some(t(7)));
+}
