@@ -17,14 +17,33 @@ use tokio::time::Instant;
 
 use crate::exit;
 
-/// The protected resource: one balance, behind a fence or not.
+/// The balance after B's deposit: what survives when the fence refuses A's stale write.
+const B_DEPOSIT: &str = "150 (100 + 50 deposit)";
+
+/// The protected resource: one balance, behind a fence or not, in memory or in PostgreSQL.
 struct Register {
     fence: Option<Fence>,
     balance: Mutex<String>,
+    #[cfg(feature = "postgres")]
+    pg: Option<crate::demo_pg::PgResource>,
 }
 
 impl Register {
     async fn write(&self, who: &str, token: FencingToken, value: &str) {
+        #[cfg(feature = "postgres")]
+        if let Some(pg) = &self.pg {
+            use crate::demo_pg::Refused;
+            match pg.write(token, value, self.fence.is_some()).await {
+                Ok(()) => println!(
+                    "  resource (PostgreSQL): committed {who}'s write: balance = {value} (token {token})"
+                ),
+                Err(Refused::Stale(e)) => {
+                    println!("  resource (PostgreSQL): REFUSED {who}'s write ({e})")
+                }
+                Err(Refused::Failed(e)) => println!("  resource (PostgreSQL): {who}'s write failed: {e}"),
+            }
+            return;
+        }
         let mut balance = self.balance.lock().await;
         if let Some(fence) = &self.fence {
             if let Err(e) = fence.admit("balance", token).await {
@@ -51,7 +70,17 @@ enum WorkerA {
     ),
 }
 
-pub async fn demo(url: &str) -> u8 {
+pub async fn demo(url: &str, resource: Option<&str>) -> u8 {
+    if let Some(resource) = resource {
+        if !(resource.starts_with("postgres://") || resource.starts_with("postgresql://")) {
+            eprintln!("fencelock: --resource takes a postgres:// URL, not {resource:?}");
+            return exit::USAGE;
+        }
+        if cfg!(not(feature = "postgres")) {
+            eprintln!("fencelock: this build has no PostgreSQL resource (feature `postgres`)");
+            return exit::USAGE;
+        }
+    }
     let memory = match fencelock_connect::parse(url) {
         // In memory, a short TTL keeps the demo to a few seconds.
         Ok(BackendUrl::Memory(config)) => Some(fencelock::MemoryConfig::with_ttl(
@@ -60,7 +89,14 @@ pub async fn demo(url: &str) -> u8 {
         Ok(_) => None,
         Err(e) => return exit::report(&e),
     };
-    println!("fencelock demo on {}\n", fencelock_connect::redact(url));
+    println!("fencelock demo on {}", fencelock_connect::redact(url));
+    if let Some(resource) = resource {
+        println!(
+            "resource: PostgreSQL at {}",
+            fencelock_connect::redact(resource)
+        );
+    }
+    println!();
     for fenced in [true, false] {
         if fenced {
             println!("With fencing (the resource checks the token):");
@@ -72,11 +108,26 @@ pub async fn demo(url: &str) -> u8 {
             Ok(name) => name,
             Err(e) => return exit::report(&e),
         };
-        let outcome = scenario(url, memory.as_ref().map(|c| (&store, c)), &name, fenced).await;
+        let outcome = scenario(
+            url,
+            memory.as_ref().map(|c| (&store, c)),
+            &name,
+            fenced,
+            resource,
+        )
+        .await;
+        // The verdict reads the balance the resource holds, so a fence that let A's stale write
+        // through shows as the lost update it is, and fails the demo.
         match outcome {
-            Ok(balance) if fenced => println!("  => final balance {balance}: B's deposit survived"),
+            Ok(balance) if balance == B_DEPOSIT => {
+                println!("  => final balance {balance}: B's deposit survived")
+            }
             Ok(balance) => {
-                println!("  => final balance {balance}: B's deposit is LOST (a lost update)")
+                println!("  => final balance {balance}: B's deposit is LOST (a lost update)");
+                if fenced {
+                    eprintln!("fencelock: the fence let a stale write through");
+                    return exit::SOFTWARE;
+                }
             }
             Err(code) => return code,
         }
@@ -89,10 +140,26 @@ async fn scenario(
     memory: Option<(&MemoryStore, &fencelock::MemoryConfig)>,
     name: &LockName,
     fenced: bool,
+    resource: Option<&str>,
 ) -> Result<String, u8> {
+    #[cfg(feature = "postgres")]
+    let pg = match resource {
+        Some(url) => match crate::demo_pg::PgResource::connect(url, name.as_str(), "100").await {
+            Ok(pg) => Some(pg),
+            Err(e) => {
+                eprintln!("fencelock: {e}");
+                return Err(exit::UNAVAILABLE);
+            }
+        },
+        None => None,
+    };
+    #[cfg(not(feature = "postgres"))]
+    let _ = resource;
     let register = Register {
         fence: fenced.then(Fence::new),
         balance: Mutex::new("100".into()),
+        #[cfg(feature = "postgres")]
+        pg,
     };
     let report = |e: fencelock::Error| exit::report(&e);
     // Worker A takes the lock and reads the balance.
@@ -155,9 +222,7 @@ async fn scenario(
         b.token(),
         started.elapsed().as_secs_f64()
     );
-    register
-        .write("B", b.token(), "150 (100 + 50 deposit)")
-        .await;
+    register.write("B", b.token(), B_DEPOSIT).await;
     let _ = b.release().await;
 
     // A wakes up and writes what it computed before the pause.
@@ -186,6 +251,15 @@ async fn scenario(
         .await;
     if let WorkerA::Process(mut child, _) = a {
         let _ = child.wait().await;
+    }
+    #[cfg(feature = "postgres")]
+    if let Some(pg) = &register.pg {
+        let balance = pg.balance().await;
+        pg.clean_up().await;
+        return balance.map_err(|e| {
+            eprintln!("fencelock: {e}");
+            exit::UNAVAILABLE
+        });
     }
     let balance = register.balance.lock().await.clone();
     Ok(balance)

@@ -3,6 +3,8 @@
 
 mod child;
 mod demo;
+#[cfg(feature = "postgres")]
+mod demo_pg;
 mod elect;
 mod exit;
 mod logging;
@@ -134,7 +136,12 @@ enum Command {
         json: bool,
     },
     /// Show why a lease needs a fencing token, in under a minute.
-    Demo,
+    Demo {
+        /// Keep the demo's balance in this PostgreSQL (`postgres://user@host:port/db`) and fence
+        /// it there with `fencelock-fence`'s `PgFence`, instead of in memory.
+        #[arg(long, value_name = "URL")]
+        resource: Option<String>,
+    },
     /// Print a shell completion script: `fencelock completions bash > /etc/bash_completion.d/fencelock`.
     Completions {
         /// The shell.
@@ -252,7 +259,13 @@ async fn dispatch(cli: Cli) -> u8 {
             Err(code) => code,
         },
         // The demo is the one command that runs in memory by default: it shows a lease alone.
-        Command::Demo => demo::demo(cli.backend.as_deref().unwrap_or("mem://")).await,
+        Command::Demo { resource } => {
+            demo::demo(
+                cli.backend.as_deref().unwrap_or("mem://"),
+                resource.as_deref(),
+            )
+            .await
+        }
         Command::DemoWorker { name: raw } => match name(&raw) {
             Ok(name) => demo::worker(cli.backend.as_deref().unwrap_or("mem://"), &name).await,
             Err(code) => code,

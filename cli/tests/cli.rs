@@ -445,6 +445,28 @@ async fn the_demo_shows_the_refused_write_and_the_lost_update() {
     );
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_refuses_the_stale_write_at_a_real_postgres() {
+    let pg = fencelock_testsupport::PgServer::start();
+    let out = output("mem://", &["demo", "--resource", &pg.url()]).await;
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    assert!(
+        stdout.contains("resource (PostgreSQL): REFUSED A's write"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("final balance 150 (100 + 50 deposit): B's deposit survived"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("final balance 70 (100 - 30 withdrawal): B's deposit is LOST"),
+        "{stdout}"
+    );
+    let out = output("mem://", &["demo", "--resource", "mysql://x"]).await;
+    assert_eq!(out.status.code(), Some(64), "{}", text(&out.stderr));
+}
+
 /// An interactive CMD at a terminal (a pseudo-terminal from `script`) reads its answer: it gets
 /// the terminal's foreground. In a background group its read would stop it with SIGTTIN, and
 /// fencelock would hold the lock forever.
