@@ -26,24 +26,48 @@ async fn connect(pg: &PgServer) -> Client {
     client
 }
 
-/// `n` transactions updating row `id`, guarded by `fence` or not; per-transaction latencies.
-async fn writes(client: &mut Client, fence: Option<&PgFence>, id: i32, n: usize) -> Vec<Duration> {
+/// How a bench write is guarded.
+#[derive(Clone, Copy, PartialEq)]
+enum Guard {
+    Plain,
+    Admit,
+    Pipelined,
+}
+
+const UPDATE: &str = "UPDATE bench_acct SET value = value + 1 WHERE id = $1";
+
+/// `n` transactions updating row `id`, guarded as `guard` says, the UPDATE prepared once
+/// (`prepared`, as a statement cache does) or sent as text (parsed by each call); latencies.
+async fn writes(
+    client: &mut Client,
+    fence: &PgFence,
+    guard: Guard,
+    prepared: bool,
+    id: i32,
+    n: usize,
+) -> Vec<Duration> {
+    let statement = client.prepare(UPDATE).await.unwrap();
     let mut samples = Vec::with_capacity(n);
     for _ in 0..n {
         let started = Instant::now();
         let tx = client.transaction().await.unwrap();
-        if let Some(fence) = fence {
-            fence
-                .admit(&tx, "bench", FencingToken::new(7))
-                .await
-                .unwrap();
-        }
-        tx.execute(
-            "UPDATE bench_acct SET value = value + 1 WHERE id = $1",
-            &[&id],
-        )
-        .await
-        .unwrap();
+        let update = async {
+            if prepared {
+                tx.execute(&statement, &[&id]).await
+            } else {
+                tx.execute(UPDATE, &[&id]).await
+            }
+        };
+        let token = FencingToken::new(7);
+        let updated = match guard {
+            Guard::Plain => update.await,
+            Guard::Admit => {
+                fence.admit(&tx, "bench", token).await.unwrap();
+                update.await
+            }
+            Guard::Pipelined => fence.admit_then(&tx, "bench", token, update).await.unwrap(),
+        };
+        assert_eq!(updated.unwrap(), 1);
         tx.commit().await.unwrap();
         samples.push(started.elapsed());
     }
@@ -51,7 +75,7 @@ async fn writes(client: &mut Client, fence: Option<&PgFence>, id: i32, n: usize)
 }
 
 /// `TASKS` connections writing their own rows at once; writes per second.
-async fn concurrent(pg: &Arc<PgServer>, fenced: bool) -> f64 {
+async fn concurrent(pg: &Arc<PgServer>, guard: Guard) -> f64 {
     let started = Instant::now();
     let tasks: Vec<_> = (0..TASKS)
         .map(|i| {
@@ -60,7 +84,7 @@ async fn concurrent(pg: &Arc<PgServer>, fenced: bool) -> f64 {
                 let mut client = connect(&pg).await;
                 let fence = PgFence::new("bench_fence").unwrap();
                 let id = i32::try_from(i).unwrap() + 10;
-                writes(&mut client, fenced.then_some(&fence), id, WRITES / TASKS).await;
+                writes(&mut client, &fence, guard, true, id, WRITES / TASKS).await;
             })
         })
         .collect();
@@ -102,36 +126,61 @@ pub async fn run() {
     fence.create_table(&client).await.unwrap();
 
     println!("\n## Fencing at the resource (PostgreSQL 15, one connection per writer)\n");
-    // Warm up, then alternate blocks so that drift in the machine hits both alike.
-    writes(&mut client, Some(&fence), 1, 200).await;
-    writes(&mut client, None, 1, 200).await;
-    let (mut plain, mut guarded) = (Vec::new(), Vec::new());
-    for _ in 0..4 {
-        plain.extend(writes(&mut client, None, 1, WRITES / 4).await);
-        guarded.extend(writes(&mut client, Some(&fence), 1, WRITES / 4).await);
+    let guards = [
+        (Guard::Plain, "plain transaction (UPDATE)"),
+        (Guard::Admit, "guarded: PgFence::admit, then UPDATE"),
+        (
+            Guard::Pipelined,
+            "guarded: PgFence::admit_then(UPDATE), pipelined",
+        ),
+    ];
+    println!("| write | UPDATE | p50 | p99 | p50 / plain (target <= 1.3x) | p99 / plain |");
+    println!("|---|---|---|---|---|---|");
+    for prepared in [true, false] {
+        // Warm up, then alternate blocks so that drift in the machine hits all alike.
+        for (guard, _) in guards {
+            writes(&mut client, &fence, guard, prepared, 1, 200).await;
+        }
+        let mut samples = [Vec::new(), Vec::new(), Vec::new()];
+        for _ in 0..4 {
+            for (i, (guard, _)) in guards.iter().enumerate() {
+                samples[i]
+                    .extend(writes(&mut client, &fence, *guard, prepared, 1, WRITES / 4).await);
+            }
+        }
+        let [plain, rest @ ..] = &mut samples;
+        let (plain50, plain99) = percentiles(plain);
+        let kind = if prepared { "prepared" } else { "text" };
+        println!(
+            "| {} | {kind} | {} | {} | - | - |",
+            guards[0].1,
+            ms(plain50),
+            ms(plain99)
+        );
+        for (i, s) in rest.iter_mut().enumerate() {
+            let (p50, p99) = percentiles(s);
+            println!(
+                "| {} | {kind} | {} | {} | {} | {} |",
+                guards[i + 1].1,
+                ms(p50),
+                ms(p99),
+                ratio(p50, plain50),
+                ratio(p99, plain99)
+            );
+        }
     }
-    let (plain50, plain99) = percentiles(&mut plain);
-    let (guarded50, guarded99) = percentiles(&mut guarded);
-    let plain_rate = concurrent(&pg, false).await;
-    let guarded_rate = concurrent(&pg, true).await;
-    println!("| write | p50 | p99 | {TASKS} writers at once (own rows) |");
-    println!("|---|---|---|---|");
-    println!(
-        "| plain transaction (UPDATE) | {} | {} | {plain_rate:.0}/s |",
-        ms(plain50),
-        ms(plain99)
-    );
-    println!(
-        "| guarded (PgFence::admit + UPDATE) | {} | {} | {guarded_rate:.0}/s |",
-        ms(guarded50),
-        ms(guarded99)
-    );
-    println!(
-        "| ratio guarded / plain (target <= 1.3x) | {} | {} | {:.2}x |",
-        ratio(guarded50, plain50),
-        ratio(guarded99, plain99),
-        plain_rate / guarded_rate
-    );
+    println!("\n{TASKS} writers at once, own rows, prepared UPDATE:\n");
+    println!("| write | writes/s | plain / this |");
+    println!("|---|---|---|");
+    let plain_rate = concurrent(&pg, Guard::Plain).await;
+    for (guard, name) in guards {
+        let rate = if guard == Guard::Plain {
+            plain_rate
+        } else {
+            concurrent(&pg, guard).await
+        };
+        println!("| {name} | {rate:.0} | {:.2}x |", plain_rate / rate);
+    }
 
     println!("\n## FenceLayer per request (axum, in process, no network)\n");
     let app = || Router::new().route("/w", put(|| async { "ok" }));

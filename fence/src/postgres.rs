@@ -1,11 +1,18 @@
 //! The durable fence in PostgreSQL.
 
 use fencelock::{Error, FencingToken, Result, StoreFailure};
+use std::future::Future;
+use std::task::Poll;
+
 use tokio_postgres::error::SqlState;
-use tokio_postgres::GenericClient;
+use tokio_postgres::types::Type;
+use tokio_postgres::{GenericClient, Transaction};
 
 const BACKEND: &str = "postgres fence";
 const ADMIT_SUFFIX: &str = "_admit";
+/// The SQLSTATE the admission function raises for a stale token; the highest admitted token
+/// is the error's DETAIL.
+const STALE_SQLSTATE: &str = "FLSTL";
 
 mod store;
 pub use store::PgFenceStore;
@@ -97,7 +104,9 @@ impl PgFence {
         // mark: the UPDATE locks the row only when the token is newer (a row it does not match
         // is not locked), so writes with the held token share the row FOR SHARE and run side by
         // side, while a newer token's UPDATE waits for all of them. Taking FOR SHARE first and
-        // upgrading would deadlock two writers raising to the same new token.
+        // upgrading would deadlock two writers raising to the same new token. Refusing with an
+        // error, not a value, aborts the caller's transaction on the server, which is what makes
+        // `admit_then`'s pipelined write safe: PostgreSQL runs nothing after it but a rollback.
         let sql = format!(
             "CREATE TABLE IF NOT EXISTS {t} (lock text PRIMARY KEY, token bigint NOT NULL, \
              admitted_at timestamptz NOT NULL DEFAULT now()); \
@@ -109,6 +118,11 @@ impl PgFence {
                  UPDATE {t} SET token = p_token, admitted_at = now() \
                    WHERE lock = p_lock AND token < p_token; \
                  SELECT token INTO held FROM {t} WHERE lock = p_lock FOR SHARE; \
+                 IF FOUND AND held > p_token THEN \
+                   RAISE EXCEPTION USING ERRCODE = '{stale}', DETAIL = held::text, \
+                     MESSAGE = format('stale fencing token %s for %s: %s was admitted', \
+                                      p_token, p_lock, held); \
+                 END IF; \
                  IF FOUND THEN RETURN held; END IF; \
                  INSERT INTO {t} (lock, token) VALUES (p_lock, p_token) \
                    ON CONFLICT (lock) DO NOTHING; \
@@ -117,6 +131,7 @@ impl PgFence {
              END $fencelock$",
             t = self.table,
             f = self.admit_function(),
+            stale = STALE_SQLSTATE,
         );
         client
             .batch_execute(&sql)
@@ -143,12 +158,14 @@ impl PgFence {
     ) -> Result<()> {
         let value = to_sql(token)?;
         // The row lock taken (FOR SHARE, or the raise's) makes the comparison against the
-        // latest committed token, and holds it until `tx` ends.
+        // latest committed token, and holds it until `tx` ends. Typed parameters: one round
+        // trip, no prepare.
         let sql = format!("SELECT {}($1, $2)", self.admit_function());
         let row = tx
-            .query_one(&sql, &[&lock, &value])
+            .query_typed_one(&sql, &[(&lock, Type::TEXT), (&value, Type::INT8)])
             .await
-            .map_err(|e| pg_error("admit a fencing token", e))?;
+            .map_err(|e| admit_error(lock, token, e))?;
+        // The function raises for a stale token; the comparison here is a second check.
         let highest = from_sql(row.get::<_, i64>(0))?;
         if highest > token {
             return Err(Error::StaleToken {
@@ -158,6 +175,64 @@ impl PgFence {
             });
         }
         Ok(())
+    }
+
+    /// Admits `token` for `lock` and runs `write` in the same transaction `tx`, sending both
+    /// at once: the write's statements go to PostgreSQL right behind the admission instead of
+    /// a round trip later. A refused admission aborts `tx` on the server before any of the
+    /// write's statements run, so they fail and nothing the write did can commit.
+    ///
+    /// `write` must run its statements on `tx` (the same connection); a statement on another
+    /// connection is not ordered behind the admission and is not fenced.
+    ///
+    /// Returns the write's own result once admitted; commit `tx` after an `Ok(Ok(_))`.
+    ///
+    /// ```no_run
+    /// # async fn f(client: &mut tokio_postgres::Client, token: fencelock::FencingToken)
+    /// # -> Result<(), Box<dyn std::error::Error>> {
+    /// use fencelock_fence::postgres::PgFence;
+    ///
+    /// let fence = PgFence::new("fencelock_fence")?;
+    /// let debit = client.prepare("UPDATE accounts SET balance = balance - 10 WHERE id = 1").await?;
+    /// let tx = client.transaction().await?;
+    /// let updated = fence.admit_then(&tx, "payouts", token, tx.execute(&debit, &[])).await??;
+    /// assert_eq!(updated, 1);
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// The outer error as for [`admit`](PgFence::admit) ([`Error::StaleToken`] when refused):
+    /// roll `tx` back. The inner one is the write's.
+    ///
+    /// # Cancel safety
+    /// Cancel safe as long as `tx` is then rolled back (dropping it does).
+    pub async fn admit_then<T, E, W>(
+        &self,
+        tx: &Transaction<'_>,
+        lock: &str,
+        token: FencingToken,
+        write: W,
+    ) -> Result<std::result::Result<T, E>>
+    where
+        W: Future<Output = std::result::Result<T, E>>,
+    {
+        // A transaction, not any client: in autocommit, a refused admission would not stop the
+        // write. The admission's first poll sends it, before the write is polled at all, so
+        // every message of the write queues behind it on the connection.
+        let admit = self.admit(tx, lock, token);
+        let mut admit = std::pin::pin!(admit);
+        let first = std::future::poll_fn(|cx| Poll::Ready(admit.as_mut().poll(cx))).await;
+        match first {
+            Poll::Ready(admitted) => {
+                admitted?;
+                Ok(write.await)
+            }
+            Poll::Pending => {
+                let (admitted, written) = tokio::join!(admit, write);
+                admitted.map(|()| written)
+            }
+        }
     }
 
     /// The highest token admitted for `lock`.
@@ -261,6 +336,22 @@ fn from_sql(value: i64) -> Result<FencingToken> {
             format!("negative token {value} in the fence table"),
         )
     })
+}
+
+fn admit_error(lock: &str, presented: FencingToken, e: tokio_postgres::Error) -> Error {
+    let highest = e
+        .as_db_error()
+        .filter(|db| db.code().code() == STALE_SQLSTATE)
+        .and_then(|db| db.detail())
+        .and_then(|detail| detail.parse::<u64>().ok());
+    match highest {
+        Some(highest) => Error::StaleToken {
+            lock: lock.to_owned(),
+            presented,
+            highest: FencingToken::new(highest),
+        },
+        None => pg_error("admit a fencing token", e),
+    }
 }
 
 fn pg_error(what: &str, e: tokio_postgres::Error) -> Error {

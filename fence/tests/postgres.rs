@@ -19,6 +19,17 @@ async fn connect(pg: &PgServer) -> Client {
     client
 }
 
+/// How the writers guard their transactions.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Mode {
+    /// No fence: the control.
+    Plain,
+    /// `admit`, then the statements.
+    Admit,
+    /// `admit_then`: the statements sent right behind the admission.
+    Pipelined,
+}
+
 #[derive(Default)]
 struct Tally {
     committed: AtomicU64,
@@ -31,7 +42,8 @@ struct Tally {
 async fn writer(
     backend: Arc<dyn LockBackend>,
     pg: Arc<PgServer>,
-    fence: Option<PgFence>,
+    fence: PgFence,
+    mode: Mode,
     table: String,
     seed: u64,
     tally: Arc<Tally>,
@@ -45,39 +57,66 @@ async fn writer(
         tokio::time::sleep(jitter(round)).await;
         // The read is fenced too, so a newer holder's read raises the mark (see the README).
         let tx = client.transaction().await.unwrap();
-        if let Some(fence) = &fence {
-            if let Err(e) = fence.admit(&tx, "account", token).await {
+        let sql = format!("SELECT value FROM {table} WHERE id = 1");
+        let read = match mode {
+            Mode::Plain => Ok(tx.query_one(&sql, &[]).await),
+            Mode::Admit => match fence.admit(&tx, "account", token).await {
+                Ok(()) => Ok(tx.query_one(&sql, &[]).await),
+                Err(e) => Err(e),
+            },
+            Mode::Pipelined => {
+                fence
+                    .admit_then(&tx, "account", token, tx.query_one(&sql, &[]))
+                    .await
+            }
+        };
+        let value: i64 = match read {
+            Ok(row) => row.unwrap().get(0),
+            Err(e) => {
                 assert!(matches!(e, Error::StaleToken { .. }), "{e}");
                 tally.refused.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-        }
-        let sql = format!("SELECT value FROM {table} WHERE id = 1");
-        let value: i64 = tx.query_one(&sql, &[]).await.unwrap().get(0);
+        };
         tx.commit().await.unwrap();
         tokio::time::sleep(jitter(round + 5)).await;
         let tx = client.transaction().await.unwrap();
-        if let Some(fence) = &fence {
-            if let Err(e) = fence.admit(&tx, "account", token).await {
+        let update = format!("UPDATE {table} SET value = $1 WHERE id = 1");
+        let insert = format!("INSERT INTO {table}_history (token) VALUES ($1)");
+        let token_value = i64::try_from(token.get()).unwrap();
+        let written = {
+            let write = async {
+                tx.execute(&update, &[&(value + 1)]).await?;
+                tx.execute(&insert, &[&token_value]).await
+            };
+            match mode {
+                Mode::Plain => Ok(write.await),
+                Mode::Admit => match fence.admit(&tx, "account", token).await {
+                    Ok(()) => Ok(write.await),
+                    Err(e) => Err(e),
+                },
+                Mode::Pipelined => fence.admit_then(&tx, "account", token, write).await,
+            }
+        };
+        match written {
+            Ok(inserted) => assert_eq!(inserted.unwrap(), 1),
+            Err(e) => {
                 assert!(matches!(e, Error::StaleToken { .. }), "{e}");
                 tally.refused.fetch_add(1, Ordering::Relaxed);
-                continue; // dropped: rolled back
+                // Committed anyway, as a careless caller would: PostgreSQL rolls back an
+                // aborted transaction, so the refusal must have aborted it.
+                tx.commit().await.ok();
+                continue;
             }
         }
-        let sql = format!("UPDATE {table} SET value = $1 WHERE id = 1");
-        tx.execute(&sql, &[&(value + 1)]).await.unwrap();
-        let sql = format!("INSERT INTO {table}_history (token) VALUES ($1)");
-        tx.execute(&sql, &[&i64::try_from(token.get()).unwrap()])
-            .await
-            .unwrap();
         tx.commit().await.unwrap();
         tally.committed.fetch_add(1, Ordering::Relaxed);
     }
 }
 
-async fn run(pg: &Arc<PgServer>, etcd: &EtcdCluster, fenced: bool) -> (u64, u64, i64, Vec<i64>) {
+async fn run(pg: &Arc<PgServer>, etcd: &EtcdCluster, mode: Mode) -> (u64, u64, i64, Vec<i64>) {
     let client = connect(pg).await;
-    let table = if fenced { "fenced" } else { "plain" }.to_owned();
+    let table = format!("{mode:?}").to_lowercase();
     client
         .batch_execute(&format!(
             "CREATE TABLE {table} (id int PRIMARY KEY, value bigint NOT NULL); \
@@ -98,7 +137,8 @@ async fn run(pg: &Arc<PgServer>, etcd: &EtcdCluster, fenced: bool) -> (u64, u64,
             tokio::spawn(writer(
                 Arc::clone(&backend),
                 Arc::clone(pg),
-                fenced.then(|| fence.clone()),
+                fence.clone(),
+                mode,
                 table.clone(),
                 seed,
                 Arc::clone(&tally),
@@ -137,23 +177,30 @@ async fn stale_holders_never_commit_and_plain_writes_lose_updates() {
     let pg = Arc::new(PgServer::start());
     let etcd = EtcdCluster::start(1);
 
-    let (committed, refused, value, tokens) = run(&pg, &etcd, true).await;
-    println!("fenced: {committed} committed, {refused} refused, register = {value}");
-    assert!(
-        refused > 0,
-        "no stale token was presented: the test proves nothing"
-    );
-    assert_eq!(
-        u64::try_from(value).unwrap(),
-        committed,
-        "a committed write was lost"
-    );
-    assert!(
-        tokens.windows(2).all(|w| w[0] <= w[1]),
-        "a stale token committed after a newer one: {tokens:?}"
-    );
+    for mode in [Mode::Admit, Mode::Pipelined] {
+        let (committed, refused, value, tokens) = run(&pg, &etcd, mode).await;
+        println!("{mode:?}: {committed} committed, {refused} refused, register = {value}");
+        assert!(
+            refused > 0,
+            "{mode:?}: no stale token was presented: the test proves nothing"
+        );
+        assert_eq!(
+            u64::try_from(value).unwrap(),
+            committed,
+            "{mode:?}: a committed write was lost"
+        );
+        assert_eq!(
+            u64::try_from(tokens.len()).unwrap(),
+            committed,
+            "{mode:?}: a refused write landed"
+        );
+        assert!(
+            tokens.windows(2).all(|w| w[0] <= w[1]),
+            "{mode:?}: a stale token committed after a newer one: {tokens:?}"
+        );
+    }
 
-    let (committed, _, value, _) = run(&pg, &etcd, false).await;
+    let (committed, _, value, _) = run(&pg, &etcd, Mode::Plain).await;
     println!("plain: {committed} committed, register = {value}");
     assert!(
         u64::try_from(value).unwrap() < committed,
@@ -318,4 +365,48 @@ async fn sharing_and_raising() {
         .unwrap()
         .unwrap();
     assert_eq!(fence.highest(&a, "jobs").await.unwrap(), Some(t(7)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_pipelined_write_never_lands_even_when_the_caller_commits() {
+    let pg = PgServer::start();
+    let fence = PgFence::new("fence").unwrap();
+    let mut client = connect(&pg).await;
+    fence.create_table(&client).await.unwrap();
+    client
+        .batch_execute(
+            "CREATE TABLE acct (id int PRIMARY KEY, balance bigint NOT NULL); \
+             INSERT INTO acct VALUES (1, 100)",
+        )
+        .await
+        .unwrap();
+    let debit = client
+        .prepare("UPDATE acct SET balance = balance - 10 WHERE id = 1")
+        .await
+        .unwrap();
+    let t = FencingToken::new;
+    let tx = client.transaction().await.unwrap();
+    let admitted = fence
+        .admit_then(&tx, "acct", t(5), tx.execute(&debit, &[]))
+        .await;
+    assert_eq!(admitted.unwrap().unwrap(), 1);
+    tx.commit().await.unwrap();
+
+    let tx = client.transaction().await.unwrap();
+    let refused = fence
+        .admit_then(&tx, "acct", t(4), tx.execute(&debit, &[]))
+        .await;
+    assert!(
+        matches!(&refused, Err(Error::StaleToken { presented, highest, .. })
+            if presented.get() == 4 && highest.get() == 5),
+        "{refused:?}"
+    );
+    // The debit was sent before the refusal came back; committing must not apply it.
+    tx.commit().await.ok();
+    let balance: i64 = client
+        .query_one("SELECT balance FROM acct WHERE id = 1", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(balance, 90, "the refused debit landed");
 }

@@ -5,6 +5,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod};
 use fencelock::{Error, FencingToken, Result};
+use tokio_postgres::types::Type;
 
 use super::{from_sql, pg_error, to_sql, PgFence};
 use crate::store::{Admission, FenceStore};
@@ -95,8 +96,9 @@ impl PgFenceStore {
             self.fence.table(),
             if share { " FOR SHARE" } else { "" }
         );
+        // Typed parameters: one round trip, no prepare.
         let row = client
-            .query_opt(&sql, &[&lock])
+            .query_typed_opt(&sql, &[(&lock, Type::TEXT)])
             .await
             .map_err(|e| pg_error("read the fence", e))?;
         row.map(|r| from_sql(r.get::<_, i64>(0))).transpose()
