@@ -25,7 +25,9 @@ pub enum Wait {
 impl Wait {
     /// Runs a waiting acquire under this policy's time limit: `Forever` runs it as is,
     /// `Timeout(d)` drops it after `d` and reports [`Error::Timeout`]. A backend calls this for
-    /// the two waiting policies and handles [`Wait::Try`] itself.
+    /// the two waiting policies and handles [`Wait::Try`] itself. It runs the acquire in the
+    /// `acquire` span and records its wait and outcome for `backend` (see
+    /// [`telemetry`](crate::telemetry)).
     ///
     /// # Errors
     /// [`Error::Timeout`] when the limit passed first; otherwise what `acquire` returned.
@@ -34,6 +36,15 @@ impl Wait {
     /// Dropping `acquire` on timeout must leave nothing behind in the store; that is the
     /// backend's cancel-safety duty either way.
     pub async fn limit<T>(
+        self,
+        backend: &'static str,
+        name: &LockName,
+        acquire: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        crate::telemetry::acquire(backend, name.as_str(), self.bound(name, acquire)).await
+    }
+
+    async fn bound<T>(
         self,
         name: &LockName,
         acquire: impl Future<Output = Result<T>>,

@@ -145,6 +145,19 @@ impl Fence {
     }
 
     fn step(&self, lock: &str, token: FencingToken, current: Option<FencingToken>) -> Result<Step> {
+        let step = self.decide(lock, token, current);
+        if step.is_err() {
+            crate::telemetry::record_admission("memory", false);
+        }
+        step
+    }
+
+    fn decide(
+        &self,
+        lock: &str,
+        token: FencingToken,
+        current: Option<FencingToken>,
+    ) -> Result<Step> {
         match current {
             Some(held) if token < held => Err(Error::StaleToken {
                 lock: lock.to_owned(),
@@ -258,6 +271,7 @@ impl Fence {
         token: FencingToken,
         gate: OwnedRwLockReadGuard<()>,
     ) -> FencePermit {
+        crate::telemetry::record_admission("memory", true);
         FencePermit {
             lock: lock.to_owned(),
             token,

@@ -60,6 +60,10 @@ pub struct LockGuard {
     /// The runtime the grant was made on: a guard dropped on a thread outside any runtime
     /// releases on it (backends spawn their background release on the current runtime).
     runtime: Option<tokio::runtime::Handle>,
+    /// When the lock was granted, for the hold-time metric.
+    granted_at: tokio::time::Instant,
+    /// The `lock` span: the work under the lock, in logs.
+    span: tracing::Span,
 }
 
 impl LockGuard {
@@ -75,6 +79,7 @@ impl LockGuard {
         } = grant;
         let lost = lease.lost_token().child_token();
         tracing::debug!(backend, lock = %name, %token, "lock acquired");
+        let span = tracing::info_span!("lock", backend, lock = %name, %token);
         LockGuard {
             backend,
             name,
@@ -85,6 +90,8 @@ impl LockGuard {
             held: Some(held),
             cause: std::sync::OnceLock::new(),
             runtime: tokio::runtime::Handle::try_current().ok(),
+            granted_at: tokio::time::Instant::now(),
+            span,
         }
     }
 
@@ -101,6 +108,19 @@ impl LockGuard {
         Some(self.lease.cause().unwrap_or_else(|| {
             "the backend reported this lock gone (its entry was deleted behind its back)".into()
         }))
+    }
+
+    /// The `lock` span (fields `backend`, `lock`, `token`), to run the work done under the
+    /// lock in, so that its log lines say which lock and token it ran under.
+    ///
+    /// ```
+    /// # async fn f(guard: fencelock::LockGuard) {
+    /// use tracing::Instrument;
+    /// async { tracing::info!("writing the ledger") }.instrument(guard.span().clone()).await;
+    /// # }
+    /// ```
+    pub fn span(&self) -> &tracing::Span {
+        &self.span
     }
 
     /// The lock's name.
@@ -242,6 +262,7 @@ impl LockGuard {
         let Some(held) = self.held.take() else {
             return Ok(ReleaseOutcome::NotOwned);
         };
+        crate::telemetry::record_hold(self.backend, self.granted_at.elapsed());
         let pending = ReleaseOnDrop(Some(held));
         let outcome = match &pending.0 {
             Some(held) => held.release().await,
@@ -338,9 +359,14 @@ impl LockGuard {
         let out = op(held).await;
         if matches!(&out, Err(e) if e.is_lost()) {
             tracing::warn!(backend = self.backend, lock = %self.name, token = %self.token, "store refused a fenced operation; lock lost");
-            let _ = self
+            if self
                 .cause
-                .set("the store refused a fenced operation: the lock is no longer ours");
+                .set("the store refused a fenced operation: the lock is no longer ours")
+                .is_ok()
+                && !self.lost.is_cancelled()
+            {
+                crate::telemetry::record_loss("store_refused");
+            }
             self.lost.cancel();
         }
         out
@@ -366,6 +392,7 @@ impl Drop for LockGuard {
     fn drop(&mut self) {
         self.lost.cancel();
         if let Some(held) = self.held.take() {
+            crate::telemetry::record_hold(self.backend, self.granted_at.elapsed());
             tracing::debug!(backend = self.backend, lock = %self.name, token = %self.token, "guard dropped; releasing in the background");
             // Outside any runtime (a plain thread), the grant's runtime runs the release; if
             // that runtime has shut down too, the release is left to the lease.

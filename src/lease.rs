@@ -74,7 +74,7 @@ impl LeaseClock {
             }
             if Instant::now() >= self.deadline() {
                 tracing::warn!("lease deadline passed without a successful renewal; lock(s) lost");
-                self.lose_because(DEADLINE_PASSED);
+                self.end(DEADLINE_PASSED, Some("deadline"));
                 return;
             }
         }
@@ -93,7 +93,7 @@ impl LeaseClock {
         if Instant::now() >= *deadline {
             drop(deadline);
             tracing::warn!("a renewal arrived after the lease deadline; lock(s) lost");
-            self.lose_because(DEADLINE_PASSED);
+            self.end(DEADLINE_PASSED, Some("deadline"));
             return;
         }
         if candidate > *deadline {
@@ -101,18 +101,33 @@ impl LeaseClock {
         }
     }
 
-    /// Declares the lease gone (renewal refused, session expired, client closed).
+    /// Ends the lease because this side closed its session (dropped, replaced): `lost` fires,
+    /// but it is not counted as a loss in [`LOSSES`](crate::telemetry::LOSSES).
     pub fn lose(&self) {
-        self.lose_because("the session ended");
+        self.close_because("the session ended");
+    }
+
+    /// Ends the lease because this side closed it, saying why (as [`lose`](LeaseClock::lose)).
+    pub fn close_because(&self, cause: impl Into<String>) {
+        self.end(cause, None);
     }
 
     /// Declares the lease gone, saying why (shown to operators by
     /// [`LockGuard::loss_cause`](crate::LockGuard::loss_cause)); the first cause given is kept.
+    /// Counted as `session_ended` in [`LOSSES`](crate::telemetry::LOSSES).
     pub fn lose_because(&self, cause: impl Into<String>) {
+        self.end(cause, Some("session_ended"));
+    }
+
+    /// Ends the lease; the first end counts under `counted`, if it is a loss.
+    pub(crate) fn end(&self, cause: impl Into<String>, counted: Option<&'static str>) {
         {
             let mut slot = self.cause.lock().unwrap_or_else(PoisonError::into_inner);
             if slot.is_none() && !self.lost.is_cancelled() {
                 *slot = Some(cause.into());
+                if let Some(kind) = counted {
+                    crate::telemetry::record_loss(kind);
+                }
             }
         }
         self.lost.cancel();

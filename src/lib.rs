@@ -40,6 +40,7 @@ mod lease;
 pub mod memory;
 mod name;
 pub mod raw;
+pub mod telemetry;
 mod token;
 mod withdrawals;
 

@@ -8,6 +8,7 @@ mod demo_pg;
 mod elect;
 mod exit;
 mod logging;
+mod metrics;
 mod run;
 mod terminal;
 
@@ -47,6 +48,10 @@ struct Supervised {
     /// After the lock (or leadership) is lost, how long CMD has between SIGTERM and SIGKILL.
     #[arg(long, value_parser = parse_duration, default_value = "5s")]
     grace: Duration,
+    /// Serve fencelock's metrics (acquire wait, renewal round trip and margin left, losses...)
+    /// in Prometheus text format at http://ADDR/ while running (e.g. 127.0.0.1:9464).
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<std::net::SocketAddr>,
     /// The command and its arguments (after `--`).
     #[arg(required = true, last = true, value_name = "CMD")]
     command: Vec<String>,
@@ -217,6 +222,9 @@ async fn dispatch(cli: Cli) -> u8 {
     match cli.command {
         Command::Run { name: raw, cmd } => match (name(&raw), required(cli.backend.as_deref())) {
             (Ok(name), Ok(url)) => {
+                if let Some(Err(code)) = cmd.metrics_listen.map(metrics::serve) {
+                    return code;
+                }
                 let seek = (&name, run::Seek::Lock);
                 run::run(url, seek, cmd.wait(), cmd.grace, &cmd.command).await
             }
@@ -228,6 +236,9 @@ async fn dispatch(cli: Cli) -> u8 {
             cmd,
         } => match (name(&raw), required(cli.backend.as_deref())) {
             (Ok(name), Ok(url)) => {
+                if let Some(Err(code)) = cmd.metrics_listen.map(metrics::serve) {
+                    return code;
+                }
                 let seek = run::Seek::Leadership(value.unwrap_or_else(elect::default_value));
                 run::run(url, (&name, seek), cmd.wait(), cmd.grace, &cmd.command).await
             }

@@ -689,3 +689,106 @@ async fn elect_runs_cmd_while_leader_and_leader_watch_follows() {
         assert_eq!(exit_code(watcher).await, 0);
     }
 }
+
+/// One GET of the metrics endpoint: the body, or `None` when nothing answers.
+async fn scrape(port: u16) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+        .await
+        .ok()?;
+    let mut response = String::new();
+    tokio::time::timeout(Duration::from_secs(5), stream.read_to_string(&mut response))
+        .await
+        .ok()?
+        .ok()?;
+    Some(response)
+}
+
+/// The value of the sample line that starts with `series` (name and labels).
+fn sample(body: &str, series: &str) -> Option<f64> {
+    body.lines()
+        .find_map(|line| line.strip_prefix(series)?.trim().parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_serves_metrics_with_the_margin_left_and_the_loss_after_a_black_hole() {
+    let proxy = TcpProxy::start(
+        etcd().endpoints()[0]
+            .trim_start_matches("http://")
+            .to_owned(),
+    )
+    .await;
+    let url = format!(
+        "etcd://127.0.0.1:{}/{}?ttl=2s",
+        proxy.port,
+        unique("metrics")
+    );
+    let port = fencelock_testsupport::free_port();
+    let listen = format!("127.0.0.1:{port}");
+    let dir = tmp_root().join(unique("metrics"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let pid = dir.join("pid");
+    // CMD ignores SIGTERM, so fencelock (and its endpoint) lives on for the grace after the loss.
+    let script = format!("trap '' TERM; echo $$ > {}; sleep 60", pid.display());
+    let child = fencelock(
+        &url,
+        &[
+            "run",
+            "--metrics-listen",
+            &listen,
+            "--grace",
+            "5s",
+            "job",
+            "--",
+            "sh",
+            "-c",
+            &script,
+        ],
+    )
+    .spawn()
+    .unwrap();
+    wait_for_file(&pid).await;
+    // Two renewals at least (every ttl/3).
+    tokio::time::sleep(Duration::from_millis(1600)).await;
+    let body = scrape(port).await.expect("the endpoint answers");
+    let granted = r#"fencelock_acquires_total{backend="etcd",outcome="granted"}"#;
+    assert_eq!(sample(&body, granted), Some(1.0), "{body}");
+    let margin = sample(
+        &body,
+        r#"fencelock_renewal_margin_seconds{backend="etcd",quantile="0.5"}"#,
+    );
+    // ttl 2 s, renewed every 0.67 s: about 1.3 s left, minus the margin, at each answer.
+    assert!(margin.is_some_and(|m| m > 0.3 && m < 2.0), "{body}");
+    assert!(
+        body.contains("# HELP fencelock_renewal_margin_seconds"),
+        "{body}"
+    );
+
+    proxy.set_mode(ProxyMode::BlackHole);
+    let lost = r#"fencelock_losses_total{cause="deadline"}"#;
+    let seen = tokio::time::timeout(BOUND, async {
+        loop {
+            if let Some(body) = scrape(port).await {
+                if sample(&body, lost) == Some(1.0) {
+                    return body;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await
+    .expect("the loss shows at the endpoint");
+    assert!(
+        sample(
+            &seen,
+            r#"fencelock_renewals_total{backend="etcd",outcome="failed"}"#
+        )
+        .is_some_and(|n| n >= 1.0),
+        "{seen}"
+    );
+    assert_eq!(exit_code(child).await, 76);
+}

@@ -164,9 +164,15 @@ impl PgFence {
         let row = tx
             .query_typed_one(&sql, &[(&lock, Type::TEXT), (&value, Type::INT8)])
             .await
-            .map_err(|e| admit_error(lock, token, e))?;
+            .map_err(|e| admit_error(lock, token, e))
+            .inspect_err(|e| {
+                if matches!(e, Error::StaleToken { .. }) {
+                    fencelock::telemetry::record_admission("postgres", false);
+                }
+            })?;
         // The function raises for a stale token; the comparison here is a second check.
         let highest = from_sql(row.get::<_, i64>(0))?;
+        fencelock::telemetry::record_admission("postgres", highest <= token);
         if highest > token {
             return Err(Error::StaleToken {
                 lock: lock.to_owned(),

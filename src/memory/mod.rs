@@ -160,12 +160,18 @@ impl MemoryBackend {
                 let id = self.store.grant(ttl);
                 let lease = LeaseClock::start(sent, ttl, self.config.safety_margin);
                 let renewals_paused = Arc::new(AtomicBool::new(false));
-                tokio::spawn(keep_alive(
-                    self.store.clone(),
+                let renewer = MemoryRenewer {
+                    store: self.store.clone(),
                     id,
                     ttl,
+                    paused: Arc::clone(&renewals_paused),
+                };
+                tokio::spawn(crate::raw::keep_renewed(
+                    KIND,
                     Arc::clone(&lease),
-                    Arc::clone(&renewals_paused),
+                    ttl,
+                    ttl,
+                    renewer,
                 ));
                 Ok(Arc::new(Session {
                     id,
@@ -180,7 +186,7 @@ impl MemoryBackend {
 
 impl MemoryBackend {
     async fn acquire_entry(&self, name: &LockName, value: &[u8], wait: Wait) -> Result<LockGuard> {
-        wait.limit(name, async {
+        wait.limit(KIND, name, async {
             let session = self.session().await?;
             let lost = || Error::lost(name);
             let token = self
@@ -269,33 +275,30 @@ impl MemoryStore {
     }
 }
 
-async fn keep_alive(
+/// The memory store's renewal, through the one renewal loop every backend uses.
+struct MemoryRenewer {
     store: MemoryStore,
     id: u64,
     ttl: Duration,
-    lease: Arc<LeaseClock>,
     paused: Arc<AtomicBool>,
-) {
-    // One renewal per TTL/3 until the lease is lost or the session revoked.
-    loop {
-        tokio::select! {
-            () = lease.lost_token().cancelled() => return,
-            () = tokio::time::sleep(ttl / 3) => {}
-        }
-        if paused.load(Ordering::SeqCst) {
-            continue;
-        }
-        let sent = Instant::now();
-        if store.keep_alive(id, ttl) {
-            lease.renewed(sent, ttl);
+}
+
+impl crate::raw::Renew for MemoryRenewer {
+    fn renew(&mut self) -> impl std::future::Future<Output = crate::raw::Renewal> + Send {
+        use crate::raw::Renewal;
+        let outcome = if self.paused.load(Ordering::SeqCst) {
+            // A paused or cut-off client: nothing reaches the store.
+            Renewal::Failed("renewals paused (fault injection)".into())
+        } else if self.store.keep_alive(self.id, self.ttl) {
+            Renewal::Alive(self.ttl)
         } else {
             tracing::warn!(
-                session = id,
+                session = self.id,
                 "memory backend: renewal refused, session expired"
             );
-            lease.lose_because("the store expired the session");
-            return;
-        }
+            Renewal::Gone("the store expired the session".into())
+        };
+        std::future::ready(outcome)
     }
 }
 
@@ -336,7 +339,7 @@ impl LockBackend for MemoryBackend {
 
     async fn close(&self) -> Result<()> {
         if let Some(session) = self.session.live().await {
-            session.lease.lose_because("the backend was closed");
+            session.lease.close_because("the backend was closed");
             self.store.revoke(session.id);
         }
         Ok(())

@@ -73,7 +73,10 @@ pub async fn keep_renewed<R: Renew>(
         if !clock.is_live() {
             // Past the deadline (a starved runtime): a renewal now could only revive a lease
             // the holder already had to give up.
-            clock.lose_because("the lease deadline passed before the next renewal could be sent");
+            clock.end(
+                "the lease deadline passed before the next renewal could be sent",
+                Some("deadline"),
+            );
             return;
         }
         let sent = Instant::now();
@@ -82,6 +85,16 @@ pub async fn keep_renewed<R: Renew>(
             outcome = tokio::time::timeout(limit, renewer.renew()) => outcome
                 .unwrap_or_else(|_| Renewal::Failed(format!("no answer within {limit:?}"))),
         };
+        let answered = Instant::now();
+        let rtt = answered.saturating_duration_since(sent);
+        match &outcome {
+            Renewal::Alive(_) => {
+                let margin = clock.deadline().saturating_duration_since(answered);
+                crate::telemetry::record_renewal(backend, "alive", rtt, Some(margin));
+            }
+            Renewal::Gone(_) => crate::telemetry::record_renewal(backend, "gone", rtt, None),
+            Renewal::Failed(_) => crate::telemetry::record_renewal(backend, "failed", rtt, None),
+        }
         match outcome {
             Renewal::Alive(granted) => {
                 clock.renewed(sent, granted.min(ttl));

@@ -294,7 +294,7 @@ impl LockBackend for EtcdBackend {
 
     async fn acquire(&self, name: &LockName, wait: Wait) -> Result<LockGuard> {
         let try_once = wait == Wait::Try;
-        wait.limit(name, async {
+        wait.limit(KIND, name, async {
             match self.acquire_once(name, try_once, Entry::Lock).await {
                 // The session was lost on the spot; one more try opens a new one.
                 Err(e) if crate::lease_gone(&e) => {
@@ -315,7 +315,7 @@ impl LockBackend for EtcdBackend {
         let try_once = wait == Wait::Try;
         let entry = Entry::Candidate(value);
         let guard = wait
-            .limit(name, async {
+            .limit(KIND, name, async {
                 match self.acquire_once(name, try_once, entry).await {
                     Err(e) if crate::lease_gone(&e) => {
                         self.acquire_once(name, try_once, entry).await
@@ -333,7 +333,7 @@ impl LockBackend for EtcdBackend {
         };
         let limit = self.config.request_timeout;
         session.withdrawals.all_settled(limit).await;
-        session.clock.lose_because("the backend was closed");
+        session.clock.close_because("the backend was closed");
         // As Go's `Session.Close`: the revoke deletes every key of the session at once.
         let revoked = call("revoke the session's lease", limit, {
             let (mut client, lease) = (Client::clone(&self.client), session.lease);

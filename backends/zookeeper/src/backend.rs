@@ -214,6 +214,7 @@ impl LockBackend for ZkBackend {
     async fn acquire(&self, name: &LockName, wait: Wait) -> Result<LockGuard> {
         check_name(name)?;
         wait.limit(
+            KIND,
             name,
             self.acquire_once(name, wait == Wait::Try, Entry::Lock),
         )
@@ -229,7 +230,11 @@ impl LockBackend for ZkBackend {
         check_name(name)?;
         let entry = Entry::Candidate(value);
         let guard = wait
-            .limit(name, self.acquire_once(name, wait == Wait::Try, entry))
+            .limit(
+                KIND,
+                name,
+                self.acquire_once(name, wait == Wait::Try, entry),
+            )
             .await?;
         Ok(Leadership::new(guard, value.to_vec()))
     }
@@ -241,7 +246,7 @@ impl LockBackend for ZkBackend {
                 .all_settled(self.config.request_timeout)
                 .await;
             // The ZooKeeper session itself closes (and its nodes go) with its last handle.
-            session.clock.lose_because("the backend was closed");
+            session.clock.close_because("the backend was closed");
         }
         Ok(())
     }
