@@ -14,6 +14,7 @@
 //! | `fencelock_renewal_margin_seconds` | histogram | `backend` | the local deadline minus now, when a renewal's answer arrives: how close the holder came to `lost` |
 //! | `fencelock_renewals_total` | counter | `backend`, `outcome` | `alive`, `gone` (the store ended the session), `failed` |
 //! | `fencelock_losses_total` | counter | `cause` | sessions lost: `deadline` (no renewal in time), `session_ended` (the store said so); guards lost alone: `store_refused` |
+//! | `fencelock_sessions_opened_total` | `replaced` | sessions opened: `false` the first, `true` replacing a lost one (a re-open) |
 //! | `fencelock_fence_admissions_total` | counter | `store`, `outcome` | `admitted` or `refused`, at a resource's fence |
 //!
 //! Elections count in the acquire metrics too: a campaign is an acquire of the election's entry.
@@ -43,6 +44,8 @@ pub const RENEWAL_MARGIN: &str = "fencelock_renewal_margin_seconds";
 pub const RENEWALS: &str = "fencelock_renewals_total";
 /// Losses by cause (counter).
 pub const LOSSES: &str = "fencelock_losses_total";
+/// Sessions opened, first or replacing a lost one (counter).
+pub const SESSIONS_OPENED: &str = "fencelock_sessions_opened_total";
 /// Fence admissions by outcome (counter).
 pub const FENCE_ADMISSIONS: &str = "fencelock_fence_admissions_total";
 
@@ -72,6 +75,10 @@ pub fn describe() {
         "local lease deadline minus now when a renewal's answer arrives"
     );
     describe_counter!(RENEWALS, "lease renewals by outcome");
+    describe_counter!(
+        SESSIONS_OPENED,
+        "sessions opened (replaced: after a lost one)"
+    );
     describe_counter!(LOSSES, "locks and sessions lost, by cause");
     describe_counter!(
         FENCE_ADMISSIONS,
@@ -85,6 +92,11 @@ pub fn describe() {
 pub fn record_admission(store: &'static str, admitted: bool) {
     let outcome = if admitted { "admitted" } else { "refused" };
     metrics::counter!(FENCE_ADMISSIONS, "store" => store, "outcome" => outcome).increment(1);
+}
+
+pub(crate) fn record_session_open(replaced: bool) {
+    let replaced = if replaced { "true" } else { "false" };
+    metrics::counter!(SESSIONS_OPENED, "replaced" => replaced).increment(1);
 }
 
 pub(crate) fn record_loss(cause: &'static str) {

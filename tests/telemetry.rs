@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use fencelock::telemetry::{
     ACQUIRES, ACQUIRE_WAIT, FENCE_ADMISSIONS, HOLD, LOSSES, RENEWALS, RENEWAL_MARGIN,
+    SESSIONS_OPENED,
 };
 use fencelock::{
     Fence, FencingToken, LockBackend, LockBackendExt, MemoryBackend, MemoryConfig, MemoryStore,
@@ -130,6 +131,8 @@ async fn acquires_holds_renewals_losses_and_admissions_are_measured() {
     tokio::time::timeout(Duration::from_secs(3), held.lost())
         .await
         .unwrap();
+    // The next acquire replaces the lost session.
+    drop(c.lock("paused").await.unwrap());
     let d = MemoryBackend::with_config(&store, config()).unwrap();
     let held = d.lock("expired").await.unwrap();
     d.expire_session().await;
@@ -146,6 +149,15 @@ async fn acquires_holds_renewals_losses_and_admissions_are_measured() {
         counter(&recorded, LOSSES, &[]),
         2,
         "closing counted as a loss"
+    );
+    // c, d and e opened sessions; c opened a second one after its loss.
+    assert_eq!(
+        counter(&recorded, SESSIONS_OPENED, &[("replaced", "false")]),
+        3
+    );
+    assert_eq!(
+        counter(&recorded, SESSIONS_OPENED, &[("replaced", "true")]),
+        1
     );
 
     let fence = Fence::new();

@@ -53,6 +53,8 @@ impl<S: Live> SessionSlot<S> {
             return Ok(Arc::clone(live));
         }
         let session = Box::pin(open()).await?;
+        // A slot that held a session held one that was lost: this open replaces it.
+        crate::telemetry::record_session_open(slot.is_some());
         *slot = Some(Arc::clone(&session));
         Ok(session)
     }
