@@ -8,7 +8,9 @@ use async_trait::async_trait;
 
 use futures::stream::{BoxStream, StreamExt};
 
-use crate::{Error, FencingToken, Leader, Leadership, LockGuard, LockName, Result, StateKey};
+use crate::{
+    Error, FencingToken, Leader, Leadership, LockGuard, LockName, Owner, Result, StateKey,
+};
 
 /// How long an acquire may wait for a lock that someone else holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -301,9 +303,46 @@ pub struct LockStatus {
     /// How long ago the holder's queue entry was created (its wait included), where the store
     /// records it (not for keys written by other clients, such as `etcdctl lock`).
     pub age: Option<Duration>,
+    /// Who holds it, when the holder's entry was written by fencelock (`None` when free, and for
+    /// a foreign holder: Go's Mutex, `etcdctl lock`, Curator).
+    pub owner: Option<Owner>,
+    /// The whole queue in grant order, the holder first; empty when free.
+    pub queue: Vec<QueueEntry>,
+}
+
+/// One contender in a lock's queue, as [`LockBackend::status`] sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct QueueEntry {
+    /// The token this entry holds or will hold when granted.
+    pub token: FencingToken,
+    /// Who queued it; `None` for an entry written by another client (foreign).
+    pub owner: Option<Owner>,
+    /// How long ago the entry was created, where the store records it.
+    pub age: Option<Duration>,
+}
+
+impl QueueEntry {
+    /// An entry; for backends.
+    pub fn new(token: FencingToken, owner: Option<Owner>, age: Option<Duration>) -> Self {
+        QueueEntry { token, owner, age }
+    }
 }
 
 impl LockStatus {
+    /// The status of a queue given in grant order (the holder first); for backends.
+    pub fn from_queue(name: LockName, queue: Vec<QueueEntry>) -> Self {
+        let first = queue.first();
+        LockStatus {
+            name,
+            holder: first.map(|e| e.token),
+            waiting: queue.len().saturating_sub(1),
+            age: first.and_then(|e| e.age),
+            owner: first.and_then(|e| e.owner.clone()),
+            queue,
+        }
+    }
+
     /// A status; for backends.
     pub fn new(
         name: LockName,
@@ -316,6 +355,8 @@ impl LockStatus {
             holder,
             waiting,
             age,
+            owner: None,
+            queue: Vec::new(),
         }
     }
 }

@@ -39,6 +39,7 @@ mod guard;
 mod lease;
 pub mod memory;
 mod name;
+mod owner;
 pub mod raw;
 pub mod telemetry;
 mod token;
@@ -47,11 +48,12 @@ mod withdrawals;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
-pub use backend::{LockBackend, LockBackendExt, LockStatus, ReleaseOutcome, Wait};
+pub use backend::{LockBackend, LockBackendExt, LockStatus, QueueEntry, ReleaseOutcome, Wait};
 pub use election::{Leader, Leadership};
 pub use error::{BoxError, Error, Result, StoreFailure};
 pub use fence::{format_header, parse_header, Fence, FenceMode, FencePermit, FENCING_TOKEN_HEADER};
 pub use guard::LockGuard;
 pub use memory::{MemoryBackend, MemoryConfig, MemoryStore};
 pub use name::{LockName, StateKey, MAX_NAME_LEN};
+pub use owner::{Owner, MAX_LABEL_LEN};
 pub use token::FencingToken;

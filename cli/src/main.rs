@@ -52,12 +52,24 @@ struct Supervised {
     /// in Prometheus text format at http://ADDR/ while running (e.g. 127.0.0.1:9464).
     #[arg(long, value_name = "ADDR")]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// A free-form label recorded with this process's entry (with host, pid and start time),
+    /// shown by `fencelock status` (e.g. a role, a pod or a job id).
+    #[arg(long)]
+    label: Option<String>,
     /// The command and its arguments (after `--`).
     #[arg(required = true, last = true, value_name = "CMD")]
     command: Vec<String>,
 }
 
 impl Supervised {
+    /// The backend URL with the `--label`, if one was given.
+    fn url(&self, url: &str) -> String {
+        match &self.label {
+            Some(label) => fencelock_connect::with_setting(url, "label", label),
+            None => url.to_owned(),
+        }
+    }
+
     fn wait(&self) -> Wait {
         match (self.try_once, self.timeout) {
             (true, _) => Wait::Try,
@@ -226,7 +238,8 @@ async fn dispatch(cli: Cli) -> u8 {
                     return code;
                 }
                 let seek = (&name, run::Seek::Lock);
-                run::run(url, seek, cmd.wait(), cmd.grace, &cmd.command).await
+                let url = cmd.url(url);
+                run::run(&url, seek, cmd.wait(), cmd.grace, &cmd.command).await
             }
             (Err(code), _) | (_, Err(code)) => code,
         },
@@ -240,7 +253,8 @@ async fn dispatch(cli: Cli) -> u8 {
                     return code;
                 }
                 let seek = run::Seek::Leadership(value.unwrap_or_else(elect::default_value));
-                run::run(url, (&name, seek), cmd.wait(), cmd.grace, &cmd.command).await
+                let url = cmd.url(url);
+                run::run(&url, (&name, seek), cmd.wait(), cmd.grace, &cmd.command).await
             }
             (Err(code), _) | (_, Err(code)) => code,
         },

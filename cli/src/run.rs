@@ -305,25 +305,66 @@ pub async fn watch(url: &str, name: &LockName, json: bool) -> u8 {
 
 fn describe(status: &fencelock::LockStatus, json: bool) -> String {
     let name = &status.name;
+    let millis =
+        |age: Option<Duration>| age.map(|a| u64::try_from(a.as_millis()).unwrap_or(u64::MAX));
     if json {
+        let owner = |o: &Option<fencelock::Owner>| {
+            o.as_ref().map(|o| {
+                serde_json::json!({
+                    "host": o.host(), "pid": o.pid(), "started": o.started(), "label": o.label(),
+                })
+            })
+        };
+        let queue: Vec<_> = status
+            .queue
+            .iter()
+            .map(|e| {
+                serde_json::json!({
+                    "token": e.token.get(),
+                    "age_ms": millis(e.age),
+                    "owner": owner(&e.owner),
+                    "foreign": e.owner.is_none(),
+                })
+            })
+            .collect();
         return serde_json::json!({
             "name": name.as_str(),
             "held": status.holder.is_some(),
             "token": status.holder.map(|t| t.get()),
             "waiting": status.waiting,
-            "age_ms": status.age.map(|a| u64::try_from(a.as_millis()).unwrap_or(u64::MAX)),
+            "age_ms": millis(status.age),
+            "owner": owner(&status.owner),
+            "foreign": status.holder.is_some() && status.owner.is_none(),
+            "queue": queue,
         })
         .to_string();
     }
-    match (status.holder, status.age) {
-        (Some(token), Some(age)) => format!(
-            "{name}: held by token {token} for {:.1}s; {} waiting",
-            age.as_secs_f64(),
-            status.waiting
-        ),
-        (Some(token), None) => format!("{name}: held by token {token}; {} waiting", status.waiting),
-        (None, _) => format!("{name}: free"),
+    let who = |owner: &Option<fencelock::Owner>| match owner {
+        Some(owner) => owner.to_string(),
+        None => "a foreign client".to_owned(),
+    };
+    let since = |age: Option<Duration>| match age {
+        Some(age) => format!(" for {:.1}s", age.as_secs_f64()),
+        None => String::new(),
+    };
+    let Some(token) = status.holder else {
+        return format!("{name}: free");
+    };
+    let mut out = format!(
+        "{name}: held by token {token}{} ({}); {} waiting",
+        since(status.age),
+        who(&status.owner),
+        status.waiting
+    );
+    for waiter in status.queue.iter().skip(1) {
+        out.push_str(&format!(
+            "\n  waiting: token {}{} ({})",
+            waiter.token,
+            since(waiter.age),
+            who(&waiter.owner)
+        ));
     }
+    out
 }
 
 /// `break`: removes the holder's entry, after asking (unless `--yes`).

@@ -143,6 +143,54 @@ async fn try_and_timeout_exit_75_while_another_holds() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_names_the_holder_and_the_waiter_of_other_processes_with_their_labels() {
+    for url in [etcd_url(), zk_url()] {
+        let dir = tmp_root().join(unique("who"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let started = dir.join("started");
+        let script = format!("echo $$ > {}; sleep 30", started.display());
+        let holder = fencelock(&url, &["run", "--label", "billing worker", "job", "--"])
+            .args(["sh", "-c", &script])
+            .spawn()
+            .unwrap();
+        wait_for_file(&started).await;
+        let waiter = fencelock(&url, &["run", "--label", "w2", "job", "--", "true"])
+            .spawn()
+            .unwrap();
+        let mut seen = serde_json::Value::Null;
+        for _ in 0..100 {
+            let out = output(&url, &["status", "job", "--json"]).await;
+            seen = serde_json::from_slice(&out.stdout).unwrap();
+            if seen["waiting"] == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(seen["waiting"], 1, "{seen}");
+        let me = fencelock::Owner::current();
+        assert_eq!(seen["owner"]["label"], "billing worker", "{seen}");
+        assert_eq!(seen["owner"]["pid"], holder.id().unwrap(), "{seen}");
+        assert_eq!(seen["owner"]["host"], me.host(), "{seen}");
+        assert_eq!(seen["foreign"], false, "{seen}");
+        assert_eq!(seen["queue"][0]["token"], seen["token"], "{seen}");
+        assert_eq!(seen["queue"][1]["owner"]["label"], "w2", "{seen}");
+        assert_eq!(
+            seen["queue"][1]["owner"]["pid"],
+            waiter.id().unwrap(),
+            "{seen}"
+        );
+        let line = text(&output(&url, &["status", "job"]).await.stdout);
+        let pid = holder.id().unwrap();
+        assert!(
+            line.contains(&format!("(billing worker pid {pid} on ")),
+            "{line}"
+        );
+        assert!(line.contains("\n  waiting: token "), "{line}");
+        drop((holder, waiter));
+    }
+}
+
 /// Revokes the lease behind the etcd key of lock `job` under the URL's prefix.
 async fn revoke_holder(url: &str) {
     let prefix = url.split('/').nth(3).unwrap().split('?').next().unwrap();

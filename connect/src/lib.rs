@@ -32,7 +32,7 @@ use std::sync::Arc;
 
 use fencelock::{LockBackend, MemoryBackend, MemoryStore, Result};
 
-pub use crate::url::{parse, parse_duration, redact, BackendUrl};
+pub use crate::url::{parse, parse_duration, redact, with_setting, BackendUrl};
 
 /// Connects to the backend that `url` names.
 ///

@@ -134,6 +134,11 @@ fn env(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.is_empty())
 }
 
+/// `label=`: this process, with the label (percent-decoded) that `status` shows.
+fn labelled(raw: &str) -> Result<fencelock::Owner> {
+    fencelock::Owner::current().with_label(decode("label", raw)?)
+}
+
 fn unknown(key: &str, known: &str) -> Error {
     bad(format!(
         "unknown setting {key:?}; this backend knows {known}"
@@ -165,8 +170,13 @@ fn memory(parts: &Parts<'_>) -> Result<BackendUrl> {
     let mut config = MemoryConfig::default();
     for &(key, value) in &parts.query {
         match key {
-            "ttl" => config = MemoryConfig::with_ttl(duration(key, value)?),
-            _ => return Err(unknown(key, "ttl")),
+            "ttl" => {
+                // Not `with_ttl`: that would drop a label given before the ttl.
+                config.ttl = duration(key, value)?;
+                config.safety_margin = config.ttl / 10;
+            }
+            "label" => config.owner = labelled(value)?,
+            _ => return Err(unknown(key, "ttl, label")),
         }
     }
     Ok(BackendUrl::Memory(config))
@@ -205,10 +215,11 @@ fn etcd(parts: Parts<'_>) -> Result<BackendUrl> {
             "ca" => ca = Some(v.to_owned()),
             "cert" => cert = Some(v.to_owned()),
             "key" => key = Some(v.to_owned()),
+            "label" => config.owner = labelled(v)?,
             _ => {
                 return Err(unknown(
                     k,
-                    "ttl, safety_margin, connect_timeout, request_timeout, ca, cert, key",
+                    "ttl, safety_margin, connect_timeout, request_timeout, ca, cert, key, label",
                 ))
             }
         }
@@ -273,10 +284,12 @@ fn zookeeper(parts: Parts<'_>) -> Result<BackendUrl> {
             "safety_margin" => margin = Some(duration(k, v)?),
             "connect_timeout" => config.connect_timeout = duration(k, v)?,
             "request_timeout" => config.request_timeout = duration(k, v)?,
+            "label" => config.owner = labelled(v)?,
             _ => {
                 return Err(unknown(
                     k,
-                    "session_timeout, tick_time, safety_margin, connect_timeout, request_timeout",
+                    "session_timeout, tick_time, safety_margin, connect_timeout, request_timeout, \
+                     label",
                 ))
             }
         }
@@ -292,6 +305,19 @@ fn zookeeper(parts: Parts<'_>) -> Result<BackendUrl> {
     }
     config.validate()?;
     Ok(BackendUrl::ZooKeeper(Box::new(config)))
+}
+
+/// `url` with the setting `key=value` added to its query, the value percent-encoded (as for
+/// `fencelock run --label`). A later setting wins, so this overrides one already there.
+///
+/// ```
+/// let url = fencelock_connect::with_setting("etcd://h:2379?ttl=5s", "label", "worker 3");
+/// assert_eq!(url, "etcd://h:2379?ttl=5s&label=worker%203");
+/// ```
+pub fn with_setting(url: &str, key: &str, value: &str) -> String {
+    let value = percent_encoding::utf8_percent_encode(value, percent_encoding::NON_ALPHANUMERIC);
+    let joint = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{joint}{key}={value}")
 }
 
 /// The URL with any password replaced by `***`, for logs and child environments.
@@ -393,6 +419,31 @@ mod tests {
             parse("etcd://h?ttl=1s"),
             Err(Error::InvalidConfig { field: "ttl", .. })
         ));
+    }
+
+    #[test]
+    fn a_label_rides_with_every_backend_whatever_comes_after_it() {
+        let label = |c: &fencelock::Owner| c.label().map(str::to_owned);
+        let want = Some("billing worker/3".to_owned());
+        let BackendUrl::Memory(m) = parse("mem://?label=billing%20worker/3&ttl=3s").unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            (label(&m.owner), m.ttl),
+            (want.clone(), Duration::from_secs(3))
+        );
+        let BackendUrl::Etcd(e) = parse("etcd://h?label=billing%20worker/3&ttl=5s").unwrap() else {
+            panic!()
+        };
+        assert_eq!(label(&e.owner), want);
+        let BackendUrl::ZooKeeper(z) =
+            parse("zk://h?label=billing%20worker/3&session_timeout=6s").unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(label(&z.owner), want);
+        assert_eq!(z.owner.pid(), std::process::id());
+        assert!(reason("mem://?label=a%0Ab").contains("control"));
     }
 
     #[test]

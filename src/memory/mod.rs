@@ -19,7 +19,8 @@ use crate::raw::{
     check_margin, observe_leader, Grant, HeldLock, LeaderSource, LeaseClock, Live, SessionSlot,
 };
 use crate::{
-    Error, FencingToken, Leader, Leadership, LockGuard, LockName, LockStatus, Result, StateKey,
+    Error, FencingToken, Leader, Leadership, LockGuard, LockName, LockStatus, Owner, Result,
+    StateKey,
 };
 
 const KIND: &str = "memory";
@@ -33,6 +34,9 @@ pub struct MemoryConfig {
     /// How much earlier than `ttl` after a renewal was sent the holder gives the lock up.
     /// Default `ttl / 10`.
     pub safety_margin: Duration,
+    /// Who this backend's acquisitions say they are, for `status`. Default
+    /// [`Owner::current`], without a label.
+    pub owner: Owner,
 }
 
 impl Default for MemoryConfig {
@@ -47,6 +51,7 @@ impl MemoryConfig {
         MemoryConfig {
             ttl,
             safety_margin: ttl / 10,
+            owner: Owner::current(),
         }
     }
 
@@ -191,7 +196,7 @@ impl MemoryBackend {
             let lost = || Error::lost(name);
             let token = self
                 .store
-                .enqueue(name.as_str(), session.id, value)
+                .enqueue(name.as_str(), session.id, value, &self.config.owner)
                 .ok_or_else(lost)?;
             let mut pending = Pending {
                 store: &self.store,
@@ -354,8 +359,7 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn status(&self, name: &LockName) -> Result<LockStatus> {
-        let (holder, waiting, age) = self.store.status(name);
-        Ok(LockStatus::new(name.clone(), holder, waiting, age))
+        Ok(self.store.status(name))
     }
 
     async fn break_lock(&self, name: &LockName) -> Result<Option<FencingToken>> {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::{FencingToken, LockName, StateKey};
+use crate::{FencingToken, LockName, LockStatus, Owner, QueueEntry, StateKey};
 
 /// A shared in-memory lock store: what an etcd cluster is to the etcd backend.
 ///
@@ -61,6 +61,7 @@ struct Entry {
     wake: Arc<Notify>,
     /// An election candidate's published value (empty for locks).
     value: Vec<u8>,
+    owner: Owner,
 }
 
 /// Where a queued entry stands.
@@ -92,24 +93,18 @@ impl MemoryStore {
             .map(|e| FencingToken::new(e.token))
     }
 
-    /// The holder's token, the number of waiters and the holder's age, for `status`.
-    pub(super) fn status(
-        &self,
-        name: &LockName,
-    ) -> (Option<FencingToken>, usize, Option<Duration>) {
+    /// The queue in grant order, for `status`.
+    pub(super) fn status(&self, name: &LockName) -> LockStatus {
         let state = self.state();
-        match state
-            .queues
-            .get(name.as_str())
-            .and_then(|q| Some((q.front()?, q.len())))
-        {
-            Some((holder, len)) => (
-                Some(FencingToken::new(holder.token)),
-                len - 1,
-                Some(holder.since.elapsed()),
-            ),
-            None => (None, 0, None),
-        }
+        let queue = state.queues.get(name.as_str()).map_or_else(Vec::new, |q| {
+            q.iter()
+                .map(|e| {
+                    let (token, owner) = (FencingToken::new(e.token), Some(e.owner.clone()));
+                    QueueEntry::new(token, owner, Some(e.since.elapsed()))
+                })
+                .collect()
+        });
+        LockStatus::from_queue(name.clone(), queue)
     }
 
     /// Names with a holder, starting with `prefix`, sorted.
@@ -177,7 +172,13 @@ impl MemoryStore {
     }
 
     /// Queues a new entry for `name` under session `id`; `None` if the session has expired.
-    pub(super) fn enqueue(&self, name: &str, session: u64, value: &[u8]) -> Option<u64> {
+    pub(super) fn enqueue(
+        &self,
+        name: &str,
+        session: u64,
+        value: &[u8],
+        owner: &Owner,
+    ) -> Option<u64> {
         let mut state = self.state();
         if !state.sessions.contains_key(&session) {
             return None;
@@ -194,6 +195,7 @@ impl MemoryStore {
                 since: Instant::now(),
                 wake: Arc::new(Notify::new()),
                 value: value.to_vec(),
+                owner: owner.clone(),
             });
         state.changes.bump();
         Some(token)

@@ -535,7 +535,7 @@ pub async fn try_after_own_cancelled_acquire<F: BackendFactory>(factory: &F) {
     }
 }
 
-/// `status` names the holder's token and counts waiters; `list` finds held locks. Backends that
+/// `status` names the holder's token and owner and lists the queue; `list` finds held locks. Backends that
 /// answer [`Error::Unsupported`] pass.
 pub async fn status_and_list<F: BackendFactory>(factory: &F) {
     let name = factory.name("status");
@@ -556,6 +556,20 @@ pub async fn status_and_list<F: BackendFactory>(factory: &F) {
     assert_eq!(status.waiting, 1, "{status:?}");
     assert!(
         status.age.is_some_and(|age| age < super::BOUND),
+        "{status:?}"
+    );
+    // Who holds and who waits: both entries were written here, so both name this process.
+    let owner = status
+        .owner
+        .as_ref()
+        .unwrap_or_else(|| panic!("no owner: {status:?}"));
+    assert_eq!(owner.pid(), std::process::id(), "{status:?}");
+    assert_eq!(owner.host(), crate::Owner::current().host(), "{status:?}");
+    assert_eq!(status.queue.len(), 2, "{status:?}");
+    assert_eq!(status.queue[0].token, held.token(), "{status:?}");
+    assert!(status.queue[1].token > held.token(), "{status:?}");
+    assert!(
+        status.queue.iter().all(|e| e.owner.as_ref() == Some(owner)),
         "{status:?}"
     );
     let listed = ok("list", a.list("").await);

@@ -66,6 +66,31 @@ pub trait BackendFactory: Send + Sync + 'static {
     fn name(&self, base: &str) -> LockName;
 }
 
+/// For interop tests: `status` read while another client (etcdctl, Go, Curator) holds with
+/// `foreign_token` and one contender of this process waits. The holder shows as foreign, the
+/// waiter names this process.
+///
+/// # Panics
+/// When the status says otherwise.
+pub fn assert_foreign_holder_then_ours(status: &crate::LockStatus, foreign_token: u64) {
+    assert_eq!(
+        status.holder.map(|t| t.get()),
+        Some(foreign_token),
+        "{status:?}"
+    );
+    assert_eq!(
+        (status.owner.as_ref(), status.queue.len()),
+        (None, 2),
+        "{status:?}"
+    );
+    let ours = status.queue[1].owner.as_ref();
+    assert_eq!(
+        ours.map(crate::Owner::pid),
+        Some(std::process::id()),
+        "{status:?}"
+    );
+}
+
 /// Awaits `fut`, failing the check with `what` if it takes longer than [`BOUND`].
 ///
 /// # Panics

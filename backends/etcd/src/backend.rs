@@ -9,8 +9,8 @@ use etcd_client::{
 };
 use fencelock::raw::{observe_leader, Enqueued, Entry, Grant, LeaderSource, SessionSlot};
 use fencelock::{
-    Error, FencingToken, Leader, Leadership, LockBackend, LockGuard, LockName, LockStatus, Result,
-    Wait,
+    Error, FencingToken, Leader, Leadership, LockBackend, LockGuard, LockName, LockStatus, Owner,
+    QueueEntry, Result, Wait,
 };
 use futures::stream::BoxStream;
 
@@ -174,7 +174,7 @@ impl EtcdBackend {
         };
         let (value, unique) = match entry {
             Entry::Lock => {
-                let value = mutex::attempt_value();
+                let value = mutex::attempt_value(&self.config.owner);
                 (value.clone().into_bytes(), Some(value))
             }
             Entry::Candidate(value) => (value.to_vec(), None),
@@ -364,19 +364,20 @@ impl LockBackend for EtcdBackend {
             async move { client.get(prefix, Some(all)).await }
         })
         .await?;
-        let Some(holder) = resp.kvs().first() else {
-            return Ok(LockStatus::new(name.clone(), None, 0, None));
-        };
-        let age = mutex::queued_at(holder.value()).map(|since| {
-            let ms = mutex::unix_millis().saturating_sub(since);
-            Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX))
-        });
-        Ok(LockStatus::new(
-            name.clone(),
-            Some(FencingToken::new(holder.create_revision().unsigned_abs())),
-            resp.kvs().len() - 1,
-            age,
-        ))
+        let now = mutex::unix_millis();
+        let queue = resp
+            .kvs()
+            .iter()
+            .map(|kv| {
+                let age = mutex::queued_at(kv.value()).map(|since| {
+                    let ms = now.saturating_sub(since);
+                    Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX))
+                });
+                let token = FencingToken::new(kv.create_revision().unsigned_abs());
+                QueueEntry::new(token, Owner::decode(kv.value()), age)
+            })
+            .collect();
+        Ok(LockStatus::from_queue(name.clone(), queue))
     }
 
     async fn break_lock(&self, name: &LockName) -> Result<Option<FencingToken>> {
@@ -479,7 +480,7 @@ mod tests {
 
         // Attempt N of b: queued behind a, then withdrawn (cancelled).
         let session = b.session().await.unwrap();
-        let value = mutex::attempt_value();
+        let value = mutex::attempt_value(&b.config.owner);
         let queued = mutex::enqueue(&b.client, &b.keys, &name, &session, value.as_bytes(), LIMIT)
             .await
             .unwrap();

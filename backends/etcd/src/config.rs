@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use fencelock::{Error, Result};
+use fencelock::{Error, Owner, Result};
 
 /// The shortest lease etcd grants with default server settings: `3 * election_ticks / 2`
 /// heartbeats = 1.5 s, rounded up to whole seconds.
@@ -96,6 +96,9 @@ pub struct EtcdConfig {
     pub password: Option<String>,
     /// TLS for `https://` endpoints. Default none.
     pub tls: Option<EtcdTls>,
+    /// Who this backend's acquisitions say they are, stored in each lock key's value and shown
+    /// by `status`. Default [`Owner::current`], without a label.
+    pub owner: Owner,
 }
 
 impl fmt::Debug for EtcdConfig {
@@ -110,6 +113,7 @@ impl fmt::Debug for EtcdConfig {
             .field("user", &self.user)
             .field("password", &self.password.as_ref().map(|_| "<hidden>"))
             .field("tls", &self.tls)
+            .field("owner", &self.owner)
             .finish()
     }
 }
@@ -128,6 +132,7 @@ impl EtcdConfig {
             user: None,
             password: None,
             tls: None,
+            owner: Owner::current(),
         }
     }
 

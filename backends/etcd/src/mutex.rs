@@ -9,7 +9,7 @@ use etcd_client::{
     TxnOp, TxnOpResponse, TxnResponse,
 };
 use fencelock::raw::{Live, Withdraw};
-use fencelock::{Error, LockName, Result, StateKey};
+use fencelock::{Error, LockName, Owner, Result, StateKey};
 use tokio::sync::OwnedMutexGuard;
 
 use crate::call;
@@ -399,14 +399,20 @@ fn revision(resp: &TxnResponse, what: &str) -> Result<i64> {
         .ok_or_else(|| Error::protocol(crate::KIND, format!("{what}: the reply has no revision")))
 }
 
-/// Our key's value: `<unix millis>-<nonce>`. The millis say when we queued, for `status`; the
-/// nonce makes the value unique to this attempt, for a withdrawal that does not know the key's
-/// create revision. Go's Mutex and etcdctl ignore it.
-pub(crate) fn attempt_value() -> String {
+/// Our key's value: `<unix millis>-<nonce> <owner>`. The millis say when we queued, for
+/// `status`; the nonce makes the value unique to this attempt, for a withdrawal that does not
+/// know the key's create revision; the owner says who queued ([`Owner::encode`]). Go's Mutex
+/// and etcdctl ignore the value; the key's put carries it, so it costs no request.
+pub(crate) fn attempt_value(owner: &Owner) -> String {
     use std::hash::{BuildHasher, Hasher};
     let mut nonce = std::collections::hash_map::RandomState::new().build_hasher();
     nonce.write_u128(unix_millis());
-    format!("{}-{:016x}", unix_millis(), nonce.finish())
+    format!(
+        "{}-{:016x} {}",
+        unix_millis(),
+        nonce.finish(),
+        owner.encode()
+    )
 }
 
 /// The millis part of a value written by [`attempt_value`] (or by older versions: millis only).

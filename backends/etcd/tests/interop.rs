@@ -5,7 +5,7 @@ mod common;
 use std::process::Stdio;
 use std::time::Duration;
 
-use fencelock::{LockBackendExt, ReleaseOutcome};
+use fencelock::{LockBackend, LockBackendExt, LockName, ReleaseOutcome};
 use fencelock_etcd::EtcdBackend;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
@@ -108,6 +108,15 @@ async fn fencelock_waits_for_etcdctl_and_gets_a_greater_token() {
         !waiting.is_finished(),
         "fencelock must wait while etcdctl holds the lock"
     );
+    // Who is queued: etcdctl's key says nothing of its writer (foreign); ours names us.
+    let observer = EtcdBackend::connect(common::config(factory.endpoints.clone(), &factory.prefix))
+        .await
+        .unwrap();
+    let seen = observer
+        .status(&LockName::new("shared").unwrap())
+        .await
+        .unwrap();
+    fencelock::testkit::assert_foreign_holder_then_ours(&seen, etcdctl_rev.unsigned_abs());
     // SIGINT: etcdctl unlocks and closes its session.
     let pid = child.id().unwrap().to_string();
     std::process::Command::new("kill")

@@ -7,8 +7,8 @@ use std::sync::atomic::AtomicI32;
 
 use fencelock::raw::{observe_leader, Enqueued, Entry, Grant, LeaderSource, SessionSlot};
 use fencelock::{
-    Error, FencingToken, Leader, Leadership, LockBackend, LockGuard, LockName, LockStatus, Result,
-    Wait,
+    Error, FencingToken, Leader, Leadership, LockBackend, LockGuard, LockName, LockStatus, Owner,
+    QueueEntry, Result, Wait,
 };
 use futures::stream::BoxStream;
 use zookeeper_client::{Acls, CreateMode, MultiReadResult};
@@ -129,8 +129,10 @@ impl ZkBackend {
         try_once: bool,
         entry: Entry<'_>,
     ) -> Result<LockGuard> {
+        // A lock node's data says who queued it (Curator's says its IP address: foreign).
+        let owner = self.config.owner.encode();
         let (recipe, data) = match entry {
-            Entry::Lock => (Recipe::Mutex, &b""[..]),
+            Entry::Lock => (Recipe::Mutex, owner.as_bytes()),
             Entry::Candidate(value) => (Recipe::Latch, value),
         };
         let session = self.session().await?;
@@ -271,25 +273,58 @@ impl LockBackend for ZkBackend {
                 Err(e) => return Err(zk_error("list contenders", e)),
             };
             children.sort_by(|a, b| sort_key(a).cmp(sort_key(b)));
-            let Some(first) = children.first() else {
+            if children.is_empty() {
                 return Ok(LockStatus::new(name.clone(), None, 0, None));
-            };
-            let stat = match session.client.check_stat(&format!("{dir}/{first}")).await {
-                Ok(Some(stat)) => stat,
-                Ok(None) => continue,
-                Err(e) => return Err(zk_error("read the holder's node", e)),
-            };
+            }
+            // Every contender's node in one multi-read: its data (who) and stat (token, age).
+            let mut reader = session.client.new_multi_reader();
+            for child in &children {
+                reader
+                    .add_get_data(&format!("{dir}/{child}"))
+                    .map_err(|e| zk_error("read the contenders' nodes", e))?;
+            }
+            let read = reader
+                .commit()
+                .await
+                .map_err(|e| zk_error("read the contenders' nodes", e))?;
             let now_ms = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-            let age =
-                std::time::Duration::from_millis(now_ms.saturating_sub(stat.ctime).unsigned_abs());
-            return Ok(LockStatus::new(
-                name.clone(),
-                Some(FencingToken::new(stat.czxid.unsigned_abs())),
-                children.len() - 1,
-                Some(age),
-            ));
+            let mut queue = Vec::with_capacity(read.len());
+            for (i, result) in read.into_iter().enumerate() {
+                match result {
+                    MultiReadResult::Data { data, stat } => {
+                        let ms = now_ms.saturating_sub(stat.ctime).unsigned_abs();
+                        let token = FencingToken::new(stat.czxid.unsigned_abs());
+                        let age = Some(std::time::Duration::from_millis(ms));
+                        queue.push(QueueEntry::new(token, Owner::decode(&data), age));
+                    }
+                    // A waiter that left between the reads is no longer queued.
+                    MultiReadResult::Error {
+                        err: zookeeper_client::Error::NoNode,
+                    } if i > 0 => {}
+                    // The holder left between the reads: read again.
+                    MultiReadResult::Error {
+                        err: zookeeper_client::Error::NoNode,
+                    } => {
+                        queue.clear();
+                        break;
+                    }
+                    MultiReadResult::Error { err } => {
+                        return Err(zk_error("read the contenders' nodes", err))
+                    }
+                    other => {
+                        return Err(Error::protocol(
+                            KIND,
+                            format!("read the contenders' nodes: unexpected reply {other:?}"),
+                        ))
+                    }
+                }
+            }
+            if queue.is_empty() {
+                continue;
+            }
+            return Ok(LockStatus::from_queue(name.clone(), queue));
         }
         Err(Error::unavailable(
             KIND,

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use fencelock::{Error, Result};
+use fencelock::{Error, Owner, Result};
 
 /// Settings of a [`ZkBackend`](crate::ZkBackend). Start from [`ZkConfig::new`]; every field has
 /// a documented default.
@@ -48,6 +48,9 @@ pub struct ZkConfig {
     /// Digest credentials `(user, password)`; with them, lock nodes and their parents get the
     /// creator-only ACL so other users cannot delete them. Default none (open ACL).
     pub digest: Option<(String, String)>,
+    /// Who this backend's acquisitions say they are, stored as each lock node's data and shown
+    /// by `status`. Default [`Owner::current`], without a label.
+    pub owner: Owner,
 }
 
 /// `session_timeout / 10 + tick_time / 2` (see [`ZkConfig::safety_margin`]).
@@ -69,6 +72,7 @@ impl fmt::Debug for ZkConfig {
                 "digest",
                 &self.digest.as_ref().map(|(user, _)| (user, "<hidden>")),
             )
+            .field("owner", &self.owner)
             .finish()
     }
 }
@@ -87,6 +91,7 @@ impl ZkConfig {
             connect_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(5),
             digest: None,
+            owner: Owner::current(),
         }
     }
 

@@ -103,6 +103,12 @@ async fn fencelock_waits_for_curator_and_gets_a_greater_token() {
         !waiting.is_finished(),
         "fencelock must wait while Curator holds the lock"
     );
+    // Who is queued: Curator's node holds its IP address (foreign); ours names us.
+    let seen = backend
+        .status(&fencelock::LockName::new("shared").unwrap())
+        .await
+        .unwrap();
+    fencelock::testkit::assert_foreign_holder_then_ours(&seen, curator_czxid.unsigned_abs());
     curator.release().await;
     let guard = tokio::time::timeout(BOUND, waiting)
         .await
