@@ -160,6 +160,46 @@ pub trait LockBackend: Send + Sync + fmt::Debug {
         })
     }
 
+    /// Every change of who holds `name` and who waits for it (for operators: `fencelock status
+    /// --watch`): first the lock as it is now, then a [`LockStatus`] whenever the holder or the
+    /// queue differs from the last item, a free lock (`holder: None`) included. Each item
+    /// comes from a fresh read of the store after a change, so the stream survives reconnects,
+    /// etcd compaction and a ZooKeeper server move without reporting a stale holder; changes
+    /// that come faster than it is read are coalesced (it never repeats an item, and never
+    /// goes back to an older one). Store failures that may pass are retried; the stream yields
+    /// an error and ends only on one that will not (bad credentials, say). The default yields
+    /// one [`Error::Unsupported`].
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> fencelock::Result<()> {
+    /// use futures::StreamExt;
+    /// use fencelock::{LockBackend, LockBackendExt, LockName, MemoryBackend};
+    ///
+    /// let backend = MemoryBackend::new();
+    /// let name = LockName::new("ledger")?;
+    /// let mut changes = backend.watch(&name);
+    /// assert_eq!(changes.next().await.transpose()?.map(|s| s.holder), Some(None)); // free
+    /// let guard = backend.lock("ledger").await?;
+    /// let seen = changes.next().await.transpose()?;
+    /// assert_eq!(seen.and_then(|s| s.holder), Some(guard.token()));
+    /// # drop(guard); Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// Items are [`Error::Unsupported`], [`Error::InvalidName`] (a name the store cannot hold),
+    /// or a lasting [`Error::Backend`]; each ends the stream.
+    ///
+    /// # Cancel safety
+    /// Dropping the stream at any point is safe: it only reads.
+    fn watch(&self, name: &LockName) -> BoxStream<'_, Result<LockStatus>> {
+        let _ = name;
+        futures::stream::once(futures::future::ready(Err(Error::Unsupported {
+            backend: self.kind(),
+            what: "watch",
+        })))
+        .boxed()
+    }
+
     /// The names of locks that are held or waited for, starting with `prefix` (for operators:
     /// `fencelock list`). The default says the backend does not support it.
     ///
@@ -314,7 +354,9 @@ pub struct LockStatus {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct QueueEntry {
-    /// The token this entry holds or will hold when granted.
+    /// The entry's token: the one it holds or will hold when granted. On etcd it is the key's
+    /// create revision; a grant after a wait gets the (greater) revision at which it was
+    /// seen, as `etcdctl lock` does.
     pub token: FencingToken,
     /// Who queued it; `None` for an entry written by another client (foreign).
     pub owner: Option<Owner>,

@@ -16,7 +16,8 @@ use crate::backend::{LockBackend, ReleaseOutcome, Wait};
 use futures::stream::BoxStream;
 
 use crate::raw::{
-    check_margin, observe_leader, Grant, HeldLock, LeaderSource, LeaseClock, Live, SessionSlot,
+    check_margin, observe_leader, watch_queue, Grant, HeldLock, LeaseClock, Live, SessionSlot,
+    Watched,
 };
 use crate::{
     Error, FencingToken, Leader, Leadership, LockGuard, LockName, LockStatus, Owner, Result,
@@ -239,10 +240,11 @@ impl MemoryBackend {
     }
 }
 
-/// The memory store as an election's [`LeaderSource`].
+/// The memory store as an election's [`Watched`].
 struct Elections<'a>(&'a MemoryStore);
 
-impl LeaderSource for Elections<'_> {
+impl Watched for Elections<'_> {
+    type Item = Option<Leader>;
     type Seen = tokio::sync::watch::Receiver<u64>;
 
     async fn read(&self, name: &LockName) -> Result<(Option<Leader>, Self::Seen)> {
@@ -259,6 +261,23 @@ impl LeaderSource for Elections<'_> {
         // An error means the store is gone; the next read says what is left.
         let _ = seen.changed().await;
         Ok(())
+    }
+}
+
+/// The memory store as a lock's [`Watched`] queue.
+struct Queues<'a>(&'a MemoryStore);
+
+impl Watched for Queues<'_> {
+    type Item = LockStatus;
+    type Seen = tokio::sync::watch::Receiver<u64>;
+
+    async fn read(&self, name: &LockName) -> Result<(LockStatus, Self::Seen)> {
+        let seen = self.0.subscribe();
+        Ok((self.0.status(name), seen))
+    }
+
+    async fn changed(&self, name: &LockName, seen: Self::Seen) -> Result<()> {
+        Elections(self.0).changed(name, seen).await
     }
 }
 
@@ -360,6 +379,10 @@ impl LockBackend for MemoryBackend {
 
     async fn status(&self, name: &LockName) -> Result<LockStatus> {
         Ok(self.store.status(name))
+    }
+
+    fn watch(&self, name: &LockName) -> BoxStream<'_, Result<LockStatus>> {
+        watch_queue(KIND, Queues(&self.store), name.clone())
     }
 
     async fn break_lock(&self, name: &LockName) -> Result<Option<FencingToken>> {

@@ -14,7 +14,7 @@
 //! | [`keep_retrying`] | the background re-delete of a dropped guard, with the same rules |
 //! | [`Grant`] | the one way to build a [`LockGuard`](crate::LockGuard) |
 //! | [`HeldLock`] | the store half behind a guard |
-//! | [`observe_leader`] + [`LeaderSource`] | an election's `observe`: a fresh read after every change, never a stale leader after a gap |
+//! | [`observe_leader`], [`watch_queue`] + [`Watched`] | an election's `observe`, a lock's `watch`: a fresh read after every change, never a stale item after a gap |
 //! | [`check_margin`] | the one rule for a TTL and its safety margin |
 //!
 //! ```
@@ -45,7 +45,7 @@ pub use crate::lease::LeaseClock;
 pub use crate::withdrawals::{Withdrawal, Withdrawals};
 pub use enqueued::{Enqueued, Withdraw};
 pub use grant::Grant;
-pub use observe::{observe_leader, LeaderSource};
+pub use observe::{observe_leader, watch_queue, Watched};
 pub use renew::{keep_renewed, Renew, Renewal};
 pub use retry::{keep_retrying, spawn_detached, Backoff};
 pub use slot::{Live, SessionSlot};

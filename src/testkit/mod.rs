@@ -29,6 +29,7 @@
 mod checks;
 mod election;
 mod faults;
+mod watch;
 
 use std::future::Future;
 use std::time::Duration;
@@ -38,6 +39,7 @@ use async_trait::async_trait;
 pub use checks::*;
 pub use election::*;
 pub use faults::{cut_off_holder, observe_across_a_gap};
+pub use watch::*;
 
 use crate::{LockBackend, LockName};
 
@@ -119,7 +121,8 @@ macro_rules! conformance_tests {
             break_lets_the_next_contender_in, close_leaves_nothing_queued,
             election_one_leader_at_a_time,
             election_observe_sees_every_change, election_resign_hands_over_at_once,
-            election_session_loss_ends_leadership, election_cancelled_campaign_leaves_nothing);
+            election_session_loss_ends_leadership, election_cancelled_campaign_leaves_nothing,
+            watch_sees_acquire_handoff_and_release);
     };
     (@each $factory:expr; $($check:ident),* $(,)?) => {
         $(
@@ -137,7 +140,12 @@ mod tests {
     /// The names `conformance_tests!` runs, and the checks `checks.rs` defines, are the same.
     #[test]
     fn every_check_is_run() {
-        let checks = [include_str!("checks.rs"), include_str!("election.rs")].concat();
+        let checks = [
+            include_str!("checks.rs"),
+            include_str!("election.rs"),
+            include_str!("watch.rs"),
+        ]
+        .concat();
         let mut defined: Vec<&str> = checks
             .lines()
             .filter_map(|l| l.strip_prefix("pub async fn "))

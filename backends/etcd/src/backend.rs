@@ -7,10 +7,10 @@ use async_trait::async_trait;
 use etcd_client::{
     Certificate, Client, ConnectOptions, GetOptions, Identity, SortOrder, SortTarget, TlsOptions,
 };
-use fencelock::raw::{observe_leader, Enqueued, Entry, Grant, LeaderSource, SessionSlot};
+use fencelock::raw::{observe_leader, watch_queue, Enqueued, Entry, Grant, SessionSlot, Watched};
 use fencelock::{
-    Error, FencingToken, Leader, Leadership, LockBackend, LockGuard, LockName, LockStatus, Owner,
-    QueueEntry, Result, Wait,
+    Error, FencingToken, Leader, Leadership, LockBackend, LockGuard, LockName, LockStatus, Result,
+    Wait,
 };
 use futures::stream::BoxStream;
 
@@ -18,6 +18,7 @@ use crate::election::Elections;
 use crate::held::EtcdHeld;
 use crate::keys::Keys;
 use crate::mutex::{self, Granted, Unqueue};
+use crate::queue::Queues;
 use crate::session::Session;
 use crate::watch::Held;
 use crate::{call, EtcdConfig, KIND};
@@ -356,28 +357,11 @@ impl LockBackend for EtcdBackend {
     }
 
     async fn status(&self, name: &LockName) -> Result<LockStatus> {
-        let all = GetOptions::new()
-            .with_prefix()
-            .with_sort(SortTarget::Create, SortOrder::Ascend);
-        let resp = call("read the lock's queue", self.config.request_timeout, {
-            let (mut client, prefix) = (Client::clone(&self.client), self.keys.lock_prefix(name));
-            async move { client.get(prefix, Some(all)).await }
-        })
-        .await?;
-        let now = mutex::unix_millis();
-        let queue = resp
-            .kvs()
-            .iter()
-            .map(|kv| {
-                let age = mutex::queued_at(kv.value()).map(|since| {
-                    let ms = now.saturating_sub(since);
-                    Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX))
-                });
-                let token = FencingToken::new(kv.create_revision().unsigned_abs());
-                QueueEntry::new(token, Owner::decode(kv.value()), age)
-            })
-            .collect();
-        Ok(LockStatus::from_queue(name.clone(), queue))
+        Ok(Queues(self.elections()).read_at(name).await?.0)
+    }
+
+    fn watch(&self, name: &LockName) -> BoxStream<'_, Result<LockStatus>> {
+        watch_queue(KIND, Queues(self.elections()), name.clone())
     }
 
     async fn break_lock(&self, name: &LockName) -> Result<Option<FencingToken>> {

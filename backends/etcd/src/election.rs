@@ -4,13 +4,13 @@
 use std::time::Duration;
 
 use etcd_client::{Client, GetOptions, SortOrder, SortTarget, WatchOptions};
-use fencelock::raw::LeaderSource;
+use fencelock::raw::Watched;
 use fencelock::{FencingToken, Leader, LockName, Result};
 
 use crate::keys::Keys;
 use crate::{call, etcd_error};
 
-/// An etcd cluster as an election's [`LeaderSource`].
+/// An etcd cluster as an election's [`Watched`].
 pub(crate) struct Elections<'a> {
     pub(crate) client: &'a Client,
     pub(crate) keys: &'a Keys,
@@ -27,7 +27,18 @@ pub(crate) struct Seen {
     leader_key: Option<Vec<u8>>,
 }
 
-impl LeaderSource for Elections<'_> {
+impl Seen {
+    /// A wait on the whole prefix, from the revision after `revision`.
+    pub(crate) fn whole_prefix(revision: i64) -> Self {
+        Seen {
+            revision,
+            leader_key: None,
+        }
+    }
+}
+
+impl Watched for Elections<'_> {
+    type Item = Option<Leader>;
     type Seen = Seen;
 
     async fn read(&self, name: &LockName) -> Result<(Option<Leader>, Seen)> {

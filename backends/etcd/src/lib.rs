@@ -80,6 +80,7 @@ mod election;
 mod held;
 mod keys;
 mod mutex;
+mod queue;
 mod session;
 mod watch;
 

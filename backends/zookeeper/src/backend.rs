@@ -5,10 +5,10 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use std::sync::atomic::AtomicI32;
 
-use fencelock::raw::{observe_leader, Enqueued, Entry, Grant, LeaderSource, SessionSlot};
+use fencelock::raw::{observe_leader, watch_queue, Enqueued, Entry, Grant, SessionSlot, Watched};
 use fencelock::{
-    Error, FencingToken, Leader, Leadership, LockBackend, LockGuard, LockName, LockStatus, Owner,
-    QueueEntry, Result, Wait,
+    Error, FencingToken, Leader, Leadership, LockBackend, LockGuard, LockName, LockStatus, Result,
+    Wait,
 };
 use futures::stream::BoxStream;
 use zookeeper_client::{Acls, CreateMode, MultiReadResult};
@@ -17,6 +17,7 @@ use crate::election::Elections;
 use crate::held::ZkHeld;
 use crate::mutex::{self, Unqueue};
 use crate::paths::{check_name, sort_key, Paths, Recipe};
+use crate::queue::Queues;
 use crate::session::ZkSession;
 use crate::{zk_error, ZkConfig, KIND};
 
@@ -262,75 +263,11 @@ impl LockBackend for ZkBackend {
     }
 
     async fn status(&self, name: &LockName) -> Result<LockStatus> {
-        check_name(name)?;
-        let session = self.session().await?;
-        let dir = self.paths.lock_dir(name);
-        // Two reads; a holder that leaves between them costs another pass, a few at most.
-        for _ in 0..5 {
-            let mut children = match session.client.list_children(&dir).await {
-                Ok(children) => children,
-                Err(zookeeper_client::Error::NoNode) => Vec::new(),
-                Err(e) => return Err(zk_error("list contenders", e)),
-            };
-            children.sort_by(|a, b| sort_key(a).cmp(sort_key(b)));
-            if children.is_empty() {
-                return Ok(LockStatus::new(name.clone(), None, 0, None));
-            }
-            // Every contender's node in one multi-read: its data (who) and stat (token, age).
-            let mut reader = session.client.new_multi_reader();
-            for child in &children {
-                reader
-                    .add_get_data(&format!("{dir}/{child}"))
-                    .map_err(|e| zk_error("read the contenders' nodes", e))?;
-            }
-            let read = reader
-                .commit()
-                .await
-                .map_err(|e| zk_error("read the contenders' nodes", e))?;
-            let now_ms = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-            let mut queue = Vec::with_capacity(read.len());
-            for (i, result) in read.into_iter().enumerate() {
-                match result {
-                    MultiReadResult::Data { data, stat } => {
-                        let ms = now_ms.saturating_sub(stat.ctime).unsigned_abs();
-                        let token = FencingToken::new(stat.czxid.unsigned_abs());
-                        let age = Some(std::time::Duration::from_millis(ms));
-                        queue.push(QueueEntry::new(token, Owner::decode(&data), age));
-                    }
-                    // A waiter that left between the reads is no longer queued.
-                    MultiReadResult::Error {
-                        err: zookeeper_client::Error::NoNode,
-                    } if i > 0 => {}
-                    // The holder left between the reads: read again.
-                    MultiReadResult::Error {
-                        err: zookeeper_client::Error::NoNode,
-                    } => {
-                        queue.clear();
-                        break;
-                    }
-                    MultiReadResult::Error { err } => {
-                        return Err(zk_error("read the contenders' nodes", err))
-                    }
-                    other => {
-                        return Err(Error::protocol(
-                            KIND,
-                            format!("read the contenders' nodes: unexpected reply {other:?}"),
-                        ))
-                    }
-                }
-            }
-            if queue.is_empty() {
-                continue;
-            }
-            return Ok(LockStatus::from_queue(name.clone(), queue));
-        }
-        Err(Error::unavailable(
-            KIND,
-            format!("status of `{name}`: the holder kept changing between two reads; try again"),
-            None,
-        ))
+        Ok(Queues(self.elections()).read_queue(name, false).await?.0)
+    }
+
+    fn watch(&self, name: &LockName) -> BoxStream<'_, Result<LockStatus>> {
+        watch_queue(KIND, Queues(self.elections()), name.clone())
     }
 
     async fn break_lock(&self, name: &LockName) -> Result<Option<FencingToken>> {

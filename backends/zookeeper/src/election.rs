@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use fencelock::raw::LeaderSource;
+use fencelock::raw::Watched;
 use fencelock::{Error, FencingToken, Leader, LockName, Result};
 use zookeeper_client::{Client, OneshotWatcher};
 
@@ -13,7 +13,7 @@ use crate::paths::sort_key;
 use crate::session::ZkSession;
 use crate::zk_error;
 
-/// A ZooKeeper ensemble as an election's [`LeaderSource`].
+/// A ZooKeeper ensemble as an election's [`Watched`].
 pub(crate) struct Elections<'a> {
     pub(crate) backend: &'a ZkBackend,
     /// The longest a wait lasts before the loop reads again anyway.
@@ -27,7 +27,7 @@ pub(crate) struct Seen {
     session: Arc<ZkSession>,
 }
 
-async fn timed<T>(
+pub(crate) async fn timed<T>(
     what: &'static str,
     limit: Duration,
     request: impl std::future::Future<Output = std::result::Result<T, zookeeper_client::Error>>,
@@ -37,7 +37,55 @@ async fn timed<T>(
         .map_err(|_| Error::timed_out(crate::KIND, what, limit))
 }
 
-impl LeaderSource for Elections<'_> {
+/// Syncs the server this client reads from with the leader: a follower serves reads from its
+/// own copy, which may trail, and no item older than the last change we were told of may be
+/// reported.
+pub(crate) async fn sync(client: &Client, dir: &str, limit: Duration) -> Result<()> {
+    timed("sync before reading", limit, client.sync(dir))
+        .await?
+        .or_else(|e| match e {
+            zookeeper_client::Error::NoNode => Ok(()),
+            e => Err(zk_error("sync before reading", e)),
+        })
+}
+
+/// The children of `dir` in sequence order, and a watch set by the same read: on the
+/// children, or on `dir` itself when it does not exist (then no children). `None` when `dir`
+/// was created between the two requests: read again.
+pub(crate) async fn list_watching(
+    client: &Client,
+    dir: &str,
+    limit: Duration,
+) -> Result<Option<(Vec<String>, OneshotWatcher)>> {
+    match timed(
+        "list contenders",
+        limit,
+        client.list_and_watch_children(dir),
+    )
+    .await?
+    {
+        Ok((mut children, watcher)) => {
+            children.sort_by(|a, b| sort_key(a).cmp(sort_key(b)));
+            Ok(Some((children, watcher)))
+        }
+        Err(zookeeper_client::Error::NoNode) => {
+            let (stat, watcher) = timed("watch the path", limit, client.check_and_watch_stat(dir))
+                .await?
+                .map_err(|e| zk_error("watch the path", e))?;
+            Ok(stat.is_none().then_some((Vec::new(), watcher)))
+        }
+        Err(e) => Err(zk_error("list contenders", e)),
+    }
+}
+
+impl Seen {
+    pub(crate) fn new(watchers: Vec<OneshotWatcher>, session: Arc<ZkSession>) -> Self {
+        Seen { watchers, session }
+    }
+}
+
+impl Watched for Elections<'_> {
+    type Item = Option<Leader>;
     type Seen = Seen;
 
     async fn read(&self, name: &LockName) -> Result<(Option<Leader>, Seen)> {
@@ -46,44 +94,12 @@ impl LeaderSource for Elections<'_> {
         let client: &Client = &session.client;
         let limit = self.backend.config().request_timeout;
         let dir = self.backend.paths().lock_dir(name);
-        // A follower serves reads from its own copy, which may trail the leader: sync first,
-        // so that no leader older than the last change we were told of is reported.
-        timed("sync before reading the leader", limit, client.sync(&dir))
-            .await?
-            .or_else(|e| match e {
-                zookeeper_client::Error::NoNode => Ok(()),
-                e => Err(zk_error("sync before reading the leader", e)),
-            })?;
+        sync(client, &dir, limit).await?;
         // A leader that leaves between the two reads costs another pass; a few at most.
         for _ in 0..5 {
-            let listed = timed(
-                "list candidates",
-                limit,
-                client.list_and_watch_children(&dir),
-            )
-            .await?;
-            let (mut children, children_watch) = match listed {
-                Ok(listed) => listed,
-                Err(zookeeper_client::Error::NoNode) => {
-                    let (stat, watcher) = timed(
-                        "watch the election path",
-                        limit,
-                        client.check_and_watch_stat(&dir),
-                    )
-                    .await?
-                    .map_err(|e| zk_error("watch the election path", e))?;
-                    if stat.is_some() {
-                        continue; // created in between
-                    }
-                    let seen = Seen {
-                        watchers: vec![watcher],
-                        session: Arc::clone(&session),
-                    };
-                    return Ok((None, seen));
-                }
-                Err(e) => return Err(zk_error("list candidates", e)),
+            let Some((children, children_watch)) = list_watching(client, &dir, limit).await? else {
+                continue;
             };
-            children.sort_by(|a, b| sort_key(a).cmp(sort_key(b)));
             let Some(first) = children.first() else {
                 let seen = Seen {
                     watchers: vec![children_watch],

@@ -55,6 +55,7 @@ mod election;
 mod held;
 mod mutex;
 mod paths;
+mod queue;
 mod session;
 
 pub use backend::ZkBackend;
