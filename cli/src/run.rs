@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fencelock::{LockBackend, LockName, ReleaseOutcome, Wait};
+use futures::StreamExt;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tokio::process::Command;
@@ -273,7 +274,7 @@ pub async fn status(url: &str, name: &LockName, json: bool) -> u8 {
     }
 }
 
-/// `status --watch`: a line at each change of holder or queue length, until SIGINT/SIGTERM.
+/// `status --watch`: a line at each change of holder or queue, until SIGINT/SIGTERM.
 pub async fn watch(url: &str, name: &LockName, json: bool) -> u8 {
     let backend = match connect(url).await {
         Ok(backend) => backend,
@@ -283,62 +284,62 @@ pub async fn watch(url: &str, name: &LockName, json: bool) -> u8 {
         eprintln!("fencelock: cannot install signal handlers");
         return exit::SOFTWARE;
     };
-    let mut last = None;
-    // One read per pass (every 200 ms) until a signal; a failing read is reported and retried.
+    let mut changes = backend.watch(name);
+    // One line per change, until a signal or an error the stream cannot retry.
     loop {
-        match backend.status(name).await {
-            Ok(status) => {
-                let seen = (status.holder, status.waiting);
-                if last != Some(seen) {
-                    println!("{}", describe(&status, json));
-                    last = Some(seen);
-                }
-            }
-            Err(e) => eprintln!("fencelock: {e}"),
-        }
         tokio::select! {
+            change = changes.next() => match change {
+                Some(Ok(status)) => println!("{}", describe(&status, json)),
+                Some(Err(e)) => return exit::report(&e),
+                None => return 0,
+            },
             _ = signals.next() => return 0,
-            () = tokio::time::sleep(Duration::from_millis(200)) => {}
         }
     }
 }
 
-fn describe(status: &fencelock::LockStatus, json: bool) -> String {
-    let name = &status.name;
-    let millis =
-        |age: Option<Duration>| age.map(|a| u64::try_from(a.as_millis()).unwrap_or(u64::MAX));
-    if json {
-        let owner = |o: &Option<fencelock::Owner>| {
-            o.as_ref().map(|o| {
-                serde_json::json!({
-                    "host": o.host(), "pid": o.pid(), "started": o.started(), "label": o.label(),
-                })
+fn millis(age: Option<Duration>) -> Option<u64> {
+    age.map(|a| u64::try_from(a.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// A status as `--json` prints it.
+fn to_json(status: &fencelock::LockStatus) -> serde_json::Value {
+    let owner = |o: &Option<fencelock::Owner>| {
+        o.as_ref().map(|o| {
+            serde_json::json!({
+                "host": o.host(), "pid": o.pid(), "started": o.started(), "label": o.label(),
             })
-        };
-        let queue: Vec<_> = status
-            .queue
-            .iter()
-            .map(|e| {
-                serde_json::json!({
-                    "token": e.token.get(),
-                    "age_ms": millis(e.age),
-                    "owner": owner(&e.owner),
-                    "foreign": e.owner.is_none(),
-                })
-            })
-            .collect();
-        return serde_json::json!({
-            "name": name.as_str(),
-            "held": status.holder.is_some(),
-            "token": status.holder.map(|t| t.get()),
-            "waiting": status.waiting,
-            "age_ms": millis(status.age),
-            "owner": owner(&status.owner),
-            "foreign": status.holder.is_some() && status.owner.is_none(),
-            "queue": queue,
         })
-        .to_string();
+    };
+    let queue: Vec<_> = status
+        .queue
+        .iter()
+        .map(|e| {
+            serde_json::json!({
+                "token": e.token.get(),
+                "age_ms": millis(e.age),
+                "owner": owner(&e.owner),
+                "foreign": e.owner.is_none(),
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "name": status.name.as_str(),
+        "held": status.holder.is_some(),
+        "token": status.holder.map(|t| t.get()),
+        "waiting": status.waiting,
+        "age_ms": millis(status.age),
+        "owner": owner(&status.owner),
+        "foreign": status.holder.is_some() && status.owner.is_none(),
+        "queue": queue,
+    })
+}
+
+fn describe(status: &fencelock::LockStatus, json: bool) -> String {
+    if json {
+        return to_json(status).to_string();
     }
+    let name = &status.name;
     let who = |owner: &Option<fencelock::Owner>| match owner {
         Some(owner) => owner.to_string(),
         None => "a foreign client".to_owned(),
@@ -411,23 +412,32 @@ pub async fn break_lock(url: &str, name: &LockName, yes: bool) -> u8 {
     }
 }
 
+/// `list`: each lock under `prefix` with its holder and waiters, as `status` shows them.
 pub async fn list(url: &str, prefix: &str, json: bool) -> u8 {
     let backend = match connect(url).await {
         Ok(backend) => backend,
         Err(code) => return code,
     };
-    match backend.list(prefix).await {
-        Ok(names) if json => {
-            let names: Vec<&str> = names.iter().map(LockName::as_str).collect();
-            println!("{}", serde_json::json!(names));
-            0
+    let names = match backend.list(prefix).await {
+        Ok(names) => names,
+        Err(e) => return exit::report(&e),
+    };
+    let mut shown = Vec::with_capacity(names.len());
+    for name in &names {
+        match backend.status(name).await {
+            // Released between the two reads: no longer held or waited for.
+            Ok(status) if status.holder.is_none() => {}
+            Ok(status) => shown.push(status),
+            Err(e) => return exit::report(&e),
         }
-        Ok(names) => {
-            for name in names {
-                println!("{name}");
-            }
-            0
-        }
-        Err(e) => exit::report(&e),
     }
+    if json {
+        let all: Vec<serde_json::Value> = shown.iter().map(to_json).collect();
+        println!("{}", serde_json::Value::Array(all));
+    } else {
+        for status in &shown {
+            println!("{}", describe(status, false));
+        }
+    }
+    0
 }

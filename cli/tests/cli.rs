@@ -144,7 +144,7 @@ async fn try_and_timeout_exit_75_while_another_holds() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn status_names_the_holder_and_the_waiter_of_other_processes_with_their_labels() {
+async fn status_and_list_name_the_holder_and_the_waiter_of_other_processes_with_their_labels() {
     for url in [etcd_url(), zk_url()] {
         let dir = tmp_root().join(unique("who"));
         std::fs::create_dir_all(&dir).unwrap();
@@ -187,6 +187,22 @@ async fn status_names_the_holder_and_the_waiter_of_other_processes_with_their_la
             "{line}"
         );
         assert!(line.contains("\n  waiting: token "), "{line}");
+        // `list` shows every lock under the prefix as `status` does.
+        let listed = text(&output(&url, &["list"]).await.stdout);
+        assert!(listed.starts_with("job: held by token "), "{listed}");
+        assert!(
+            listed.contains(&format!("(billing worker pid {pid} on ")),
+            "{listed}"
+        );
+        assert!(listed.contains("\n  waiting: token "), "{listed}");
+        let out = output(&url, &["list", "--json"]).await;
+        let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(listed.as_array().map(Vec::len), Some(1), "{listed}");
+        assert_eq!(listed[0]["name"], "job", "{listed}");
+        assert_eq!(listed[0]["owner"]["label"], "billing worker", "{listed}");
+        assert_eq!(listed[0]["queue"][1]["owner"]["label"], "w2", "{listed}");
+        let none = output(&url, &["list", "other", "--json"]).await;
+        assert_eq!(text(&none.stdout).trim(), "[]");
         drop((holder, waiter));
     }
 }
@@ -635,21 +651,58 @@ async fn next_line(
         .unwrap()
 }
 
+/// Issue 19.2: `status --watch` follows the store's watch: a holder, a waiter joining (with
+/// its owner), the handoff and free, each once and in order, on etcd and ZooKeeper.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_watch_prints_each_change() {
     use tokio::io::AsyncBufReadExt;
     for url in [etcd_url(), zk_url()] {
+        let dir = tmp_root().join(unique("watch"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (started, go) = (dir.join("started"), dir.join("go"));
         let mut watcher = fencelock(&url, &["status", "job", "--watch"])
             .spawn()
             .unwrap();
         let mut lines = tokio::io::BufReader::new(watcher.stdout.take().unwrap()).lines();
         assert_eq!(next_line(&mut lines).await, "job: free");
-        let out = output(&url, &["run", "job", "--", "sleep", "1"]).await;
-        assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-        assert!(next_line(&mut lines)
-            .await
-            .starts_with("job: held by token"));
+        let script = format!(
+            "echo $$ > {}; for i in $(seq 600); do [ -e {} ] && break; sleep 0.1; done",
+            started.display(),
+            go.display()
+        );
+        let holder = fencelock(&url, &["run", "--label", "a", "job", "--", "sh", "-c"])
+            .arg(&script)
+            .spawn()
+            .unwrap();
+        let line = next_line(&mut lines).await;
+        assert!(line.starts_with("job: held by token "), "{line}");
+        assert!(
+            line.contains("(a pid ") && line.ends_with("; 0 waiting"),
+            "{line}"
+        );
+        wait_for_file(&started).await;
+        let waiter = fencelock(&url, &["run", "--label", "b", "job", "--", "sleep", "1"])
+            .spawn()
+            .unwrap();
+        let line = next_line(&mut lines).await;
+        assert!(
+            line.contains("(a pid ") && line.ends_with("; 1 waiting"),
+            "{line}"
+        );
+        let line = next_line(&mut lines).await;
+        assert!(
+            line.starts_with("  waiting: token ") && line.contains("(b pid "),
+            "{line}"
+        );
+        std::fs::write(&go, "").unwrap();
+        let line = next_line(&mut lines).await;
+        assert!(
+            line.contains("(b pid ") && line.ends_with("; 0 waiting"),
+            "handoff: {line}"
+        );
         assert_eq!(next_line(&mut lines).await, "job: free");
+        assert_eq!(exit_code(holder).await, 0);
+        assert_eq!(exit_code(waiter).await, 0);
         let pid = watcher.id().unwrap().to_string();
         std::process::Command::new("kill")
             .args(["-INT", &pid])

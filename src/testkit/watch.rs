@@ -92,3 +92,45 @@ pub async fn watch_sees_acquire_handoff_and_release<F: BackendFactory>(factory: 
     assert_eq!((seen.holder, seen.waiting), (None, 0), "{seen:?}");
     assert!(seen.owner.is_none() && seen.queue.is_empty(), "{seen:?}");
 }
+
+/// The watcher-gap scenario, for backends' fault tests: `watcher` follows lock `name`; `cut`
+/// cuts it off from the store; meanwhile the lock changes hands (`a` releases, `b` acquires),
+/// then `in_gap` runs (an etcd test compacts the store there) and `heal` restores the link (it
+/// may do nothing if `cut` heals on a timer). The watcher's next item must be the lock *now*,
+/// held by `b`, with nothing stale in between; then `b`'s release shows it free.
+///
+/// # Panics
+/// When the watch yields a stale item, an error, or nothing within [`BOUND`](super::BOUND).
+pub async fn watch_across_a_gap<W, A, B>(
+    watcher: &W,
+    (a, b): (&A, &B),
+    name: &crate::LockName,
+    cut: impl FnOnce(),
+    in_gap: impl std::future::Future<Output = ()>,
+    heal: impl FnOnce(),
+) where
+    W: LockBackend + ?Sized,
+    A: LockBackend + ?Sized,
+    B: LockBackend + ?Sized,
+{
+    let mut changes = watcher.watch(name);
+    let free = next_status("gap: first item", &mut changes).await;
+    assert_eq!(free.holder, None, "gap: free at first: {free:?}");
+    let first = ok("gap: a", bounded("gap: a", a.lock(name.as_str())).await);
+    let seen = next_status("gap: a holds", &mut changes).await;
+    assert_eq!(tokens(&seen), vec![first.token()], "{seen:?}");
+    cut();
+    release("gap: a releases", first).await;
+    let second = ok("gap: b", bounded("gap: b", b.lock(name.as_str())).await);
+    in_gap.await;
+    heal();
+    let after = next_status("gap: after", &mut changes).await;
+    assert_eq!(
+        tokens(&after),
+        vec![second.token()],
+        "after the gap the watcher must report the holder now: {after:?}"
+    );
+    release("gap: b releases", second).await;
+    let free = next_status("gap: free", &mut changes).await;
+    assert_eq!((free.holder, free.waiting), (None, 0), "{free:?}");
+}

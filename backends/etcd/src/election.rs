@@ -88,7 +88,7 @@ impl Watched for Elections<'_> {
         };
         match tokio::time::timeout(self.idle, wait).await {
             Ok(Ok(())) | Err(_) => Ok(()),
-            Ok(Err(e)) => Err(etcd_error("watch the election", e)),
+            Ok(Err(e)) => Err(etcd_error("watch the entries", e)),
         }
     }
 }

@@ -16,30 +16,28 @@ async fn connected_member(ensemble: &ZkEnsemble, backend: &ZkBackend) -> Option<
     (0..ensemble.members.len()).find(|&i| ensemble.connections(i).contains(&sid))
 }
 
+/// A backend whose session landed on a follower, and that follower's index.
+async fn on_a_follower(ensemble: &ZkEnsemble, factory: &common::ZkFactory) -> (ZkBackend, usize) {
+    for _ in 0..20 {
+        let backend = factory.backend().await;
+        let guard = backend.lock("probe").await.unwrap();
+        let _ = guard.release().await.unwrap();
+        if let Some(i) = connected_member(ensemble, &backend).await {
+            if ensemble.mode(i) == "follower" {
+                return (backend, i);
+            }
+        }
+    }
+    panic!("no client landed on a follower in 20 tries")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_moves_to_another_server_and_keeps_its_locks() {
     let mut ensemble = ZkEnsemble::start(3);
     let factory = common::ZkFactory::on(&ensemble).await;
     // Stopping a follower tests the move itself; a leader's loss adds an election, which may
     // rightly cost the locks (the local deadline does not wait for it).
-    let mut attempt = 0;
-    let (backend, member) = loop {
-        attempt += 1;
-        assert!(attempt <= 20, "no client landed on a follower");
-        let backend = factory.backend().await;
-        let _ = backend
-            .lock("probe")
-            .await
-            .unwrap()
-            .release()
-            .await
-            .unwrap();
-        if let Some(i) = connected_member(&ensemble, &backend).await {
-            if ensemble.mode(i) == "follower" {
-                break (backend, i);
-            }
-        }
-    };
+    let (backend, member) = on_a_follower(&ensemble, &factory).await;
     let guard = backend.lock("job").await.unwrap();
     guard.fenced_put("k", "before").await.unwrap();
     ensemble.kill(member);
@@ -65,6 +63,53 @@ async fn client_moves_to_another_server_and_keeps_its_locks() {
     );
     ensemble.restart(member);
     assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+}
+
+/// Issue 19.2: a lock watcher whose server dies while the lock changes hands moves to another
+/// server and reports the holder of now (its read syncs first, so a lagging follower cannot
+/// show an older holder).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watcher_whose_server_dies_during_a_handoff_reports_the_holder_now() {
+    let mut ensemble = ZkEnsemble::start(3);
+    let factory = common::ZkFactory::on(&ensemble).await;
+    let (watcher, member) = on_a_follower(&ensemble, &factory).await;
+    let (a, b) = (factory.backend().await, factory.backend().await);
+    let name = fencelock::LockName::new("job").unwrap();
+    fencelock::testkit::watch_across_a_gap(
+        &watcher,
+        (&a, &b),
+        &name,
+        || ensemble.kill(member),
+        tokio::time::sleep(Duration::from_secs(1)),
+        || {},
+    )
+    .await;
+    let now = connected_member(&ensemble, &watcher).await;
+    assert!(
+        now.is_some() && now != Some(member),
+        "the watcher must be on another server: {now:?}"
+    );
+    ensemble.restart(member);
+}
+
+/// Issue 19.2: a lock watcher cut off from its server (for half a session timeout) while the
+/// lock changes hands reports the holder of now once the link is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watcher_cut_off_across_a_handoff_reports_the_holder_now() {
+    let factory = common::ZkFactory::on(common::shared_standalone()).await;
+    let watcher = factory.proxied_backend().await;
+    let (a, b) = (factory.backend().await, factory.backend().await);
+    let name = fencelock::LockName::new("watched").unwrap();
+    let gap = common::TIMEOUT / 2;
+    fencelock::testkit::watch_across_a_gap(
+        &watcher,
+        (&a, &b),
+        &name,
+        || factory.cut_off(&watcher, gap),
+        tokio::time::sleep(gap),
+        || {},
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
