@@ -15,6 +15,7 @@
 //! | `fencelock_renewals_total` | counter | `backend`, `outcome` | `alive`, `gone` (the store ended the session), `failed` |
 //! | `fencelock_losses_total` | counter | `cause` | sessions lost: `deadline` (no renewal in time), `session_ended` (the store said so); guards lost alone: `store_refused` |
 //! | `fencelock_sessions_opened_total` | `replaced` | sessions opened: `false` the first, `true` replacing a lost one (a re-open) |
+//! | `fencelock_acquire_queue_ahead` | histogram | `backend` | contenders queued ahead of an acquire at its first look: 0 when the lock was free |
 //! | `fencelock_fence_admissions_total` | counter | `store`, `outcome` | `admitted` or `refused`, at a resource's fence |
 //!
 //! Elections count in the acquire metrics too: a campaign is an acquire of the election's entry.
@@ -48,6 +49,8 @@ pub const LOSSES: &str = "fencelock_losses_total";
 pub const SESSIONS_OPENED: &str = "fencelock_sessions_opened_total";
 /// Fence admissions by outcome (counter).
 pub const FENCE_ADMISSIONS: &str = "fencelock_fence_admissions_total";
+/// Contenders queued ahead of an acquire at its first look (histogram).
+pub const QUEUE_AHEAD: &str = "fencelock_acquire_queue_ahead";
 
 /// Registers the metrics' descriptions and units with the installed recorder (exporters show
 /// them as `# HELP` lines). Optional; call it once after installing a recorder.
@@ -80,6 +83,11 @@ pub fn describe() {
         "sessions opened (replaced: after a lost one)"
     );
     describe_counter!(LOSSES, "locks and sessions lost, by cause");
+    describe_histogram!(
+        QUEUE_AHEAD,
+        Unit::Count,
+        "contenders queued ahead of an acquire at its first look"
+    );
     describe_counter!(
         FENCE_ADMISSIONS,
         "fencing-token admissions at a resource, by outcome"
@@ -92,6 +100,13 @@ pub fn describe() {
 pub fn record_admission(store: &'static str, admitted: bool) {
     let outcome = if admitted { "admitted" } else { "refused" };
     metrics::counter!(FENCE_ADMISSIONS, "store" => store, "outcome" => outcome).increment(1);
+}
+
+/// Records how many contenders were queued ahead of an acquire when it first looked; for
+/// backends, once per acquire (a retried first request counts once).
+pub fn record_queue_ahead(backend: &'static str, ahead: usize) {
+    #[allow(clippy::cast_precision_loss)] // a queue is far shorter than 2^52
+    metrics::histogram!(QUEUE_AHEAD, "backend" => backend).record(ahead as f64);
 }
 
 pub(crate) fn record_session_open(replaced: bool) {

@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use fencelock::telemetry::{
-    ACQUIRES, ACQUIRE_WAIT, FENCE_ADMISSIONS, HOLD, LOSSES, RENEWALS, RENEWAL_MARGIN,
+    ACQUIRES, ACQUIRE_WAIT, FENCE_ADMISSIONS, HOLD, LOSSES, QUEUE_AHEAD, RENEWALS, RENEWAL_MARGIN,
     SESSIONS_OPENED,
 };
 use fencelock::{
@@ -108,6 +108,14 @@ async fn acquires_holds_renewals_losses_and_admissions_are_measured() {
         let labels = [("backend", "memory"), ("outcome", outcome)];
         assert_eq!(counter(&recorded, ACQUIRES, &labels), n, "{outcome}");
     }
+    // The grant found the lock free; the try, the timeout and the cancelled wait found a holder.
+    let mut ahead = samples(&recorded, QUEUE_AHEAD, &mem);
+    ahead.sort_by(f64::total_cmp);
+    assert_eq!(
+        ahead,
+        [0.0, 1.0, 1.0, 1.0],
+        "queue ahead at each first look"
+    );
     let timeout_waits = samples(&recorded, ACQUIRE_WAIT, &[("outcome", "timeout")]);
     assert!(
         timeout_waits.iter().all(|w| *w >= 0.05),

@@ -791,6 +791,65 @@ async fn elect_runs_cmd_while_leader_and_leader_watch_follows() {
     }
 }
 
+/// Issue 19.3: a waiter's endpoint shows how many were queued ahead of it when it first looked,
+/// on etcd and ZooKeeper.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiters_metrics_show_the_queue_ahead_of_it() {
+    for (url, backend) in [(etcd_url(), "etcd"), (zk_url(), "zookeeper")] {
+        let dir = tmp_root().join(unique("ahead"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (started, go) = (dir.join("started"), dir.join("go"));
+        let script = format!(
+            "echo $$ > {}; for i in $(seq 600); do [ -e {} ] && break; sleep 0.1; done",
+            started.display(),
+            go.display()
+        );
+        let holder = fencelock(&url, &["run", "job", "--", "sh", "-c", &script])
+            .spawn()
+            .unwrap();
+        wait_for_file(&started).await;
+        let second = fencelock(&url, &["run", "job", "--", "true"])
+            .spawn()
+            .unwrap();
+        let mut waiting = serde_json::Value::Null;
+        for _ in 0..100 {
+            let out = output(&url, &["status", "job", "--json"]).await;
+            let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            waiting = status["waiting"].clone();
+            if waiting == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(waiting, 1, "the second must queue before the third starts");
+        let port = fencelock_testsupport::free_port();
+        let listen = format!("127.0.0.1:{port}");
+        let run = ["run", "--metrics-listen", &listen, "job", "--", "true"];
+        let mut third = fencelock(&url, &run).spawn().unwrap();
+        let count = format!(r#"fencelock_acquire_queue_ahead_count{{backend="{backend}"}}"#);
+        let body = tokio::time::timeout(BOUND, async {
+            loop {
+                if let Some(body) = scrape(port).await {
+                    if sample(&body, &count) == Some(1.0) {
+                        return body;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+        .await
+        .expect("the waiter's first look shows at its endpoint");
+        let sum = format!(r#"fencelock_acquire_queue_ahead_sum{{backend="{backend}"}}"#);
+        // The holder and the second were queued ahead of the third.
+        assert_eq!(sample(&body, &sum), Some(2.0), "{backend}: {body}");
+        std::fs::write(&go, "").unwrap();
+        assert_eq!(exit_code(holder).await, 0);
+        assert_eq!(exit_code(second).await, 0);
+        let _ = third.stdout.take();
+        assert_eq!(exit_code(third).await, 0);
+    }
+}
+
 /// One GET of the metrics endpoint: the body, or `None` when nothing answers.
 async fn scrape(port: u16) -> Option<String> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -868,6 +927,12 @@ async fn run_serves_metrics_with_the_margin_left_and_the_loss_after_a_black_hole
         body.contains("# HELP fencelock_renewal_margin_seconds"),
         "{body}"
     );
+
+    // Uncontended: nothing was queued ahead of it.
+    let ahead = r#"fencelock_acquire_queue_ahead_count{backend="etcd"}"#;
+    assert_eq!(sample(&body, ahead), Some(1.0), "{body}");
+    let ahead = r#"fencelock_acquire_queue_ahead_sum{backend="etcd"}"#;
+    assert_eq!(sample(&body, ahead), Some(0.0), "{body}");
 
     proxy.set_mode(ProxyMode::BlackHole);
     let lost = r#"fencelock_losses_total{cause="deadline"}"#;

@@ -204,6 +204,7 @@ impl MemoryBackend {
                 name: name.as_str(),
                 token: Some(token),
             };
+            crate::telemetry::record_queue_ahead(KIND, self.store.ahead(name.as_str(), token));
             // Each pass ends in a grant, an error, or a wake from the predecessor's removal.
             loop {
                 match self.store.position(name.as_str(), token) {

@@ -220,7 +220,16 @@ impl MemoryStore {
         }
     }
 
-    /// Removes the entry; true if it was there.
+    /// How many entries are queued ahead of entry `token` (0 when it holds or is gone).
+    pub(super) fn ahead(&self, name: &str, token: u64) -> usize {
+        let state = self.state();
+        state
+            .queues
+            .get(name)
+            .and_then(|q| q.iter().position(|e| e.token == token))
+            .unwrap_or(0)
+    }
+
     /// The first entry of `name`: (token, value).
     pub(super) fn leader(&self, name: &str) -> Option<(u64, Vec<u8>)> {
         let state = self.state();
@@ -247,6 +256,7 @@ impl MemoryStore {
         true
     }
 
+    /// Removes the entry; true if it was there.
     pub(super) fn remove(&self, name: &str, token: u64) -> bool {
         self.state().remove_entry(name, token)
     }

@@ -76,7 +76,13 @@ pub(crate) async fn enqueue(
         // Fail closed: a reply without its revision or its owner Range grants nothing.
         let created = revision(&resp, "enqueue for the lock")?;
         let owner = match resp.op_responses().into_iter().nth(1) {
-            Some(TxnOpResponse::Get(range)) => range.kvs().first().map(|kv| kv.create_revision()),
+            Some(TxnOpResponse::Get(range)) => {
+                // The Range counts every key under the prefix, ours included, in the same
+                // transaction as our put: the queue ahead of us, exactly.
+                let ahead = usize::try_from(range.count().saturating_sub(1)).unwrap_or(0);
+                fencelock::telemetry::record_queue_ahead(crate::KIND, ahead);
+                range.kvs().first().map(|kv| kv.create_revision())
+            }
             _ => None,
         };
         let Some(owner) = owner else {

@@ -172,6 +172,7 @@ pub(crate) async fn wait_turn(
     let dir = paths.lock_dir(name);
     let checkpoint = paths.state(name, &StateKey::checkpoint());
     let lost = || Error::lost(name);
+    let mut first_look = true;
     // Each pass ends in the grant, an error, or a wait for the predecessor's change; retries
     // after connection loss end with the session.
     loop {
@@ -224,6 +225,9 @@ pub(crate) async fn wait_turn(
             // Our node is gone: the session expired or someone deleted it.
             return Err(lost());
         };
+        if std::mem::take(&mut first_look) {
+            fencelock::telemetry::record_queue_ahead(crate::KIND, position);
+        }
         if position == 0 {
             return Ok(saved);
         }
