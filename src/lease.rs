@@ -21,6 +21,8 @@ pub struct LeaseClock {
     lost: CancellationToken,
     deadline: Mutex<Instant>,
     margin: Duration,
+    /// When the grant request was sent: the first renewal is due an interval after it.
+    started: Instant,
     /// Why the lease was lost, for operators (the first reason given wins).
     cause: Mutex<Option<String>>,
 }
@@ -57,6 +59,7 @@ impl LeaseClock {
             lost: CancellationToken::new(),
             deadline: Mutex::new(deadline_of(sent_at, ttl, margin)),
             margin,
+            started: sent_at,
             cause: Mutex::new(None),
         });
         tokio::spawn(Arc::clone(&clock).watch_deadline());
@@ -140,6 +143,12 @@ impl LeaseClock {
         }
         let cause = self.cause.lock().unwrap_or_else(PoisonError::into_inner);
         Some(cause.clone().unwrap_or_else(|| DEADLINE_PASSED.to_owned()))
+    }
+
+    /// When the lease's grant request was sent (the `sent_at` given to
+    /// [`start`](LeaseClock::start)).
+    pub fn started(&self) -> Instant {
+        self.started
     }
 
     /// The local deadline: past it, the holder must assume the lock is gone.

@@ -62,7 +62,9 @@ pub async fn keep_renewed<R: Renew>(
 ) {
     let interval = renewer.interval(ttl).min(ttl / 3);
     let limit = request_timeout.min(ttl / 3);
-    let mut next = Instant::now() + interval;
+    // From the grant's send time, as the deadline counts (review F7): a slow grant reply must
+    // not push the first renewal past the point the deadline allows for.
+    let mut next = clock.started() + interval;
     // One renewal per pass; the loop ends when the lease is lost, which a store that stops
     // answering causes within one TTL (the clock's own deadline).
     loop {
@@ -233,6 +235,23 @@ mod tests {
         let sent = sent.lock().unwrap_or_else(|e| e.into_inner()).clone();
         // Sent at 3 s, timed out at 4 s, retried 200 ms later.
         assert_eq!(sent[1] - start, Duration::from_millis(4200));
+    }
+
+    /// Review F7 (etcd): the first renewal counts from the grant's send time, as the deadline
+    /// does, not from when the renewal task started (after a slow grant reply).
+    #[tokio::test(start_paused = true)]
+    async fn the_first_renewal_counts_from_the_grants_send_time() {
+        let sent_grant = Instant::now();
+        let clock = LeaseClock::start(sent_grant, TTL, MARGIN);
+        // The grant's reply took 2 s (raft, fsync, a slow link).
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let (renewer, sent, _) = script(Duration::ZERO, vec![Renewal::Alive(TTL)]);
+        let task = tokio::spawn(keep_renewed("test", Arc::clone(&clock), TTL, TTL, renewer));
+        tokio::time::sleep(Duration::from_secs(4)).await;
+        clock.lose();
+        task.await.unwrap_or_default();
+        let sent = sent.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        assert_eq!(sent.first().map(|at| *at - sent_grant), Some(TTL / 3));
     }
 
     #[tokio::test(start_paused = true)]

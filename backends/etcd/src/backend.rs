@@ -1,12 +1,9 @@
 //! [`EtcdBackend`]: sessions, local turns, and the acquire flow.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{
-    Certificate, Client, ConnectOptions, GetOptions, Identity, SortOrder, SortTarget, TlsOptions,
-};
+use etcd_client::{Client, GetOptions, SortOrder, SortTarget};
 use fencelock::raw::{observe_leader, watch_queue, Enqueued, Entry, Grant, SessionSlot, Watched};
 use fencelock::{
     Error, FencingToken, Leader, Leadership, LockBackend, LockGuard, LockName, LockStatus, Result,
@@ -73,33 +70,7 @@ impl EtcdBackend {
     /// Cancel-safe: nothing is written to etcd.
     pub async fn connect(config: EtcdConfig) -> Result<Self> {
         config.validate()?;
-        let mut options = ConnectOptions::new()
-            .with_connect_timeout(config.connect_timeout)
-            // etcd answers pings more often than every 5 s (its default
-            // --grpc-keepalive-min-time) with GOAWAY.
-            .with_keep_alive(
-                Duration::from_secs(5).max(config.ttl / 3),
-                config.request_timeout,
-            )
-            .with_keep_alive_while_idle(true)
-            .with_require_leader(true);
-        if let (Some(user), Some(password)) = (&config.user, &config.password) {
-            // etcd's auth tokens expire (5 min by default); a lock service runs for days.
-            options = options
-                .with_user(user.clone(), password.clone())
-                .with_auto_token_refresh(true);
-        }
-        if let Some(tls) = &config.tls {
-            let mut tls_options =
-                TlsOptions::new().ca_certificate(Certificate::from_pem(&tls.ca_pem));
-            if let Some((cert, key)) = &tls.client_cert_pem {
-                tls_options = tls_options.identity(Identity::from_pem(cert, key));
-            }
-            if let Some(domain) = &tls.domain {
-                tls_options = tls_options.domain_name(domain.clone());
-            }
-            options = options.with_tls(tls_options);
-        }
+        let options = crate::connect::options(&config);
         let reach = format!(
             "connect to {:?} (check that etcd runs there, the endpoints, credentials and TLS settings)",
             config.endpoints

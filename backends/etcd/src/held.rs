@@ -66,7 +66,11 @@ impl EtcdHeld {
                 self.created,
             )])
             .and_then([op]);
-        let resp = txn_call(what, &self.client, txn, self.limit).await?;
+        // One attempt, never retried here: a request stuck on a dead leader is abandoned within
+        // min(request timeout, TTL/3) and reported, and a write whose reply was lost is applied
+        // at most once (a caller's retry is a fresh compare on the token).
+        let attempt = attempt_limit(self.limit, self.ttl);
+        let resp = txn_call(what, &self.client, txn, attempt).await?;
         if !resp.succeeded() {
             return Err(Error::not_held(&self.name, self.token));
         }

@@ -76,6 +76,7 @@
 
 mod backend;
 mod config;
+mod connect;
 mod election;
 mod held;
 mod keys;

@@ -54,9 +54,18 @@ impl Session {
             ?ttl,
             "etcd: session lease granted"
         );
+        let renewer = KeepAlive {
+            shared: client.clone(),
+            endpoints: config.endpoints.clone(),
+            options: crate::connect::options(config),
+            own: None,
+            turn: 0,
+            lease: granted.id(),
+            stream: None,
+        };
         let keep_alive = tokio::spawn(keep_alive(
             client.clone(),
-            granted.id(),
+            renewer,
             ttl,
             config.request_timeout,
             Arc::clone(&clock),
@@ -133,16 +142,12 @@ impl Drop for Session {
 /// Renews the session's lease until it is lost, then revokes it.
 async fn keep_alive(
     client: Client,
-    lease: i64,
+    renewer: KeepAlive,
     ttl: Duration,
     request_timeout: Duration,
     clock: Arc<LeaseClock>,
 ) {
-    let renewer = KeepAlive {
-        client: client.clone(),
-        lease,
-        stream: None,
-    };
+    let lease = renewer.lease;
     keep_renewed(crate::KIND, clock, ttl, request_timeout, renewer).await;
     tracing::warn!(lease = format_args!("{lease:x}"), "etcd: session lost");
     // Best effort: free our keys for the next holders now rather than at server-side expiry.
@@ -151,17 +156,48 @@ async fn keep_alive(
 }
 
 /// One keepalive on the session's stream, opening it first when there is none.
+///
+/// With several endpoints the stream runs on a connection of its own to one endpoint, and a
+/// failed renewal moves it to the next (review F6): through the shared, balanced channel a
+/// reopened stream could land on the same black-holed connection, which looks ready until
+/// HTTP/2 keepalive gives up on it, after the lease is gone.
 struct KeepAlive {
-    client: Client,
+    shared: Client,
+    endpoints: Vec<String>,
+    options: etcd_client::ConnectOptions,
+    /// The connection to `endpoints[turn]`, once opened.
+    own: Option<Client>,
+    turn: usize,
     lease: i64,
     stream: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+}
+
+impl KeepAlive {
+    /// The client the next stream opens on.
+    async fn client(&mut self) -> std::result::Result<Client, etcd_client::Error> {
+        if self.endpoints.len() <= 1 {
+            return Ok(self.shared.clone());
+        }
+        if let Some(own) = &self.own {
+            return Ok(own.clone());
+        }
+        let endpoint = &self.endpoints[self.turn % self.endpoints.len()];
+        let own = Client::connect([endpoint], Some(self.options.clone())).await?;
+        tracing::debug!(%endpoint, lease = format_args!("{:x}", self.lease), "etcd: keepalive connection opened");
+        self.own = Some(own.clone());
+        Ok(own)
+    }
 }
 
 impl Renew for KeepAlive {
     async fn renew(&mut self) -> Renewal {
         let Some((keeper, responses)) = self.stream.as_mut() else {
+            let mut client = match self.client().await {
+                Ok(client) => client,
+                Err(e) => return Renewal::Failed(e.to_string()),
+            };
             // Opening a stream sends a first renewal and waits for its answer.
-            return match self.client.lease_keep_alive(self.lease).await {
+            return match client.lease_keep_alive(self.lease).await {
                 Ok(opened) => {
                     self.stream = Some(opened);
                     Renewal::Alive(Duration::MAX)
@@ -185,7 +221,12 @@ impl Renew for KeepAlive {
     }
 
     fn reset(&mut self) {
-        self.stream = None; // the next renewal opens a new stream (on the next endpoint)
+        // The next renewal opens a new stream, on a new connection to the next endpoint.
+        self.stream = None;
+        if self.endpoints.len() > 1 {
+            self.own = None;
+            self.turn = (self.turn + 1) % self.endpoints.len();
+        }
     }
 }
 
