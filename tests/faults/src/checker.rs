@@ -25,6 +25,12 @@ pub struct Report {
     /// Pairs of holders that both believed they held the lock and both had writes accepted
     /// while both believed it.
     pub overlap_violations: usize,
+    /// Pairs of holders whose beliefs overlapped in time, writes or not: a successor granted
+    /// before the last holder's `lost` fired. Expected when a holder is paused (it cannot hear
+    /// its loss), and the case fencing covers; not counted as a violation.
+    pub belief_overlaps: usize,
+    /// The longest of those overlaps.
+    pub longest_belief_overlap: Duration,
 }
 
 impl Report {
@@ -113,6 +119,8 @@ pub fn check(log: &[Event]) -> Report {
             if from >= to {
                 continue;
             }
+            report.belief_overlaps += 1;
+            report.longest_belief_overlap = report.longest_belief_overlap.max(to - from);
             let wrote = |holder: &Belief| {
                 accepted.iter().any(|w| {
                     w.pid == holder.pid && w.token == holder.token && w.at >= from && w.at <= to
@@ -188,6 +196,11 @@ mod tests {
         assert_eq!(
             (report.violations(), report.refused, report.lost),
             (0, 1, 1)
+        );
+        // A believed it held from 0 to its loss at 21 ms, B from 10 ms: they overlap 11 ms.
+        assert_eq!(
+            (report.belief_overlaps, report.longest_belief_overlap),
+            (1, Duration::from_millis(11))
         );
         let mut unfenced = fenced;
         unfenced[5] = at(20, 1, 5, STALE_OK);

@@ -54,6 +54,9 @@ pub enum Fault {
     /// ZooKeeper only: a follower is cut off from the other two members (its clients still
     /// reach it) for two TTLs, then heals: the holder may be on it (review F1).
     FollowerPartition,
+    /// SIGSTOP the cluster's leader (not killed: it resumes believing it leads) for two TTLs,
+    /// then SIGCONT, while the contenders renew through the other members (etcd review F4).
+    StallLeader,
 }
 
 /// Faults to apply in order, from a seed that is printed so a run can be replayed.
@@ -83,7 +86,8 @@ impl Schedule {
                     Fault::Kill,
                     Fault::LostReplies,
                     Fault::FollowerPartition,
-                ][usize::try_from(next() % 5).unwrap_or(0)];
+                    Fault::StallLeader,
+                ][usize::try_from(next() % 6).unwrap_or(0)];
                 (fault, Duration::from_millis(500 + next() % 1500))
             })
             .collect();
@@ -329,6 +333,24 @@ impl Harness {
                 links.cut(follower, true);
                 tokio::time::sleep(two_ttls).await;
                 links.cut(follower, false);
+            }
+            Fault::StallLeader => {
+                let leader = match self.backend {
+                    Backend::Etcd => self.etcd.as_ref().and_then(EtcdCluster::leader),
+                    Backend::ZooKeeper => self
+                        .zk
+                        .as_ref()
+                        .and_then(|zk| (0..3).find(|&i| zk.mode(i) == "leader")),
+                };
+                let Some(leader) = leader else { return };
+                let pause = |paused| match (&self.etcd, &self.zk) {
+                    (Some(cluster), _) => cluster.pause(leader, paused),
+                    (_, Some(ensemble)) => ensemble.pause(leader, paused),
+                    _ => {}
+                };
+                pause(true);
+                tokio::time::sleep(two_ttls).await;
+                pause(false);
             }
             Fault::Kill => match self.backend {
                 Backend::Etcd => {

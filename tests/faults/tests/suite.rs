@@ -53,7 +53,7 @@ async fn history(
 }
 
 /// Scenarios 1-3: pause, partition, leader kill (and, on ZooKeeper, lost replies and a
-/// follower cut off from the others) once each, in a fixed order.
+/// follower cut off from the others), and a stalled leader, once each, in a fixed order.
 fn each_fault_once() -> Schedule {
     Schedule::fixed(&[
         Fault::Pause,
@@ -61,6 +61,7 @@ fn each_fault_once() -> Schedule {
         Fault::Kill,
         Fault::LostReplies,
         Fault::FollowerPartition,
+        Fault::StallLeader,
     ])
 }
 
@@ -163,4 +164,43 @@ async fn etcd_elections_under_faults() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zookeeper_elections_under_faults() {
     elections(Backend::ZooKeeper).await;
+}
+
+/// Issue 13.8: the leader stalled (SIGSTOP, then SIGCONT two TTLs later) three times while the
+/// contenders renew through the other members; no holder is paused, so each must hear its
+/// `lost` before a successor is granted (no overlap of beliefs, beyond a round trip where the
+/// store itself removes the key), and no stale write may be accepted.
+async fn stalled_leader(backend: Backend) {
+    let _serial = SERIAL.lock().await;
+    let stalls = Schedule::fixed(&[Fault::StallLeader; 3]);
+    let (report, log, faults) = history((backend, Primitive::Lock), true, &[stalls]).await;
+    eprintln!(
+        "\n| {backend:?} run | faults | critical sections | writes accepted | stale writes refused | holders lost | lost updates | violations |\n|---|---|---|---|---|---|---|---|\n{}\nbelief overlaps: {} (longest {:?})\n",
+        row("stalled leader", &report, &faults),
+        report.belief_overlaps,
+        report.longest_belief_overlap
+    );
+    assert_eq!(faults.get(&Fault::StallLeader), Some(&3), "{faults:?}");
+    assert_eq!(
+        report.violations(),
+        0,
+        "{backend:?}: {report:?}\nlog: {log:?}"
+    );
+    assert_eq!(report.lost_updates, 0, "{backend:?}: {report:?}");
+    assert!(
+        report.longest_belief_overlap < Duration::from_millis(500),
+        "{backend:?}: a successor was granted long before the holder heard its loss: {report:?}\nlog: {log:?}"
+    );
+    // ZooKeeper writes stop while its leader is stalled and until the next election: few sections.
+    assert!(report.critical_sections > 3, "{backend:?}: {report:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_with_a_stalled_leader() {
+    stalled_leader(Backend::Etcd).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_with_a_stalled_leader() {
+    stalled_leader(Backend::ZooKeeper).await;
 }
