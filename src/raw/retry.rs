@@ -41,6 +41,18 @@ impl Backoff {
         tokio::time::sleep(pause).await;
     }
 
+    /// Sleeps for the current pause, as [`pause`](Backoff::pause) does, unless `lost` fires
+    /// first: true if it slept, false if `lost` fired (a waiter's retry loop then ends).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe, as [`pause`](Backoff::pause).
+    pub async fn pause_unless(&mut self, lost: &tokio_util::sync::CancellationToken) -> bool {
+        tokio::select! {
+            () = self.pause() => true,
+            () = lost.cancelled() => false,
+        }
+    }
+
     /// Whether a failed attempt should be tried again: only for a store failure a retry may
     /// cure ([`Error::is_retryable`]) and while the session lives (after it, the store removes
     /// the session's entries itself).

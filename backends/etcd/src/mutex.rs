@@ -8,7 +8,7 @@ use etcd_client::{
     Client, Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn,
     TxnOp, TxnOpResponse, TxnResponse,
 };
-use fencelock::raw::{Live, Withdraw};
+use fencelock::raw::{Backoff, Live, Withdraw};
 use fencelock::{Error, LockName, Owner, Result, StateKey};
 use tokio::sync::OwnedMutexGuard;
 
@@ -129,8 +129,10 @@ pub(crate) async fn wait_for_turn(
         .with_limit(1)
         .with_max_create_revision(queued.created - 1);
     let checkpoint = keys.state_key(name, &StateKey::checkpoint());
-    // Each pass waits out one predecessor; a failed request is retried after a pause, and the
+    // Each pass waits out one predecessor; a failed request is retried after a pause that grows
+    // while requests keep failing (no retry storm against a struggling cluster), and the
     // session's end (at most one TTL after the cluster stops answering) ends the loop.
+    let mut backoff = Backoff::new();
     loop {
         if !session.is_live() {
             return Err(Error::lost(name));
@@ -149,7 +151,7 @@ pub(crate) async fn wait_for_turn(
             Ok(resp) => resp,
             Err(e) => {
                 tracing::warn!(lock = %name, error = %e, "etcd: looking for older contenders failed; retrying");
-                pause_or_lost(session, name).await?;
+                pause_or_lost(&mut backoff, session, name).await?;
                 continue;
             }
         };
@@ -176,21 +178,24 @@ pub(crate) async fn wait_for_turn(
             });
         };
         tokio::select! {
-            watched = watch_delete(client, key, created) => {
-                if let Err(e) = watched {
+            watched = watch_delete(client, key, created) => match watched {
+                // The predecessor went: progress, so the next failure pauses briefly again.
+                Ok(()) => backoff = Backoff::new(),
+                Err(e) => {
                     tracing::warn!(lock = %name, error = %e, "etcd: watch failed while waiting; retrying");
-                    pause_or_lost(session, name).await?;
+                    pause_or_lost(&mut backoff, session, name).await?;
                 }
-            }
+            },
             () = session.clock.lost_token().cancelled() => return Err(Error::lost(name)),
         }
     }
 }
 
-async fn pause_or_lost(session: &Session, name: &LockName) -> Result<()> {
-    tokio::select! {
-        () = tokio::time::sleep(Duration::from_millis(200)) => Ok(()),
-        () = session.clock.lost_token().cancelled() => Err(Error::lost(name)),
+async fn pause_or_lost(backoff: &mut Backoff, session: &Session, name: &LockName) -> Result<()> {
+    if backoff.pause_unless(session.clock.lost_token()).await {
+        Ok(())
+    } else {
+        Err(Error::lost(name))
     }
 }
 

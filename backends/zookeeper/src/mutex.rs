@@ -173,6 +173,8 @@ pub(crate) async fn wait_turn(
     let checkpoint = paths.state(name, &StateKey::checkpoint());
     let lost = || Error::lost(name);
     let mut first_look = true;
+    // Failed requests pause longer while they keep failing; a predecessor's change resets it.
+    let mut backoff = fencelock::raw::Backoff::new();
     // Each pass ends in the grant, an error, or a wait for the predecessor's change; retries
     // after connection loss end with the session.
     loop {
@@ -194,11 +196,11 @@ pub(crate) async fn wait_turn(
             Ok(Err(zookeeper_client::Error::SessionExpired)) => return Err(lost()),
             Ok(Err(e)) => {
                 tracing::warn!(lock = %name, error = %e, "zookeeper: listing contenders failed; retrying");
-                pause_or_lost(session, name).await?;
+                pause_or_lost(&mut backoff, session, name).await?;
                 continue;
             }
             Err(_) => {
-                pause_or_lost(session, name).await?;
+                pause_or_lost(&mut backoff, session, name).await?;
                 continue;
             }
         };
@@ -243,24 +245,29 @@ pub(crate) async fn wait_turn(
         };
         match watched {
             Ok(Ok((_, _, watcher))) => tokio::select! {
-                _ = watcher.changed() => {}
+                _ = watcher.changed() => backoff = fencelock::raw::Backoff::new(),
                 () = session.clock.lost_token().cancelled() => return Err(lost()),
             },
             Ok(Err(zookeeper_client::Error::NoNode)) => {}
             Ok(Err(zookeeper_client::Error::SessionExpired)) => return Err(lost()),
             Ok(Err(e)) => {
                 tracing::warn!(lock = %name, error = %e, "zookeeper: watching the predecessor failed; retrying");
-                pause_or_lost(session, name).await?;
+                pause_or_lost(&mut backoff, session, name).await?;
             }
-            Err(_) => pause_or_lost(session, name).await?,
+            Err(_) => pause_or_lost(&mut backoff, session, name).await?,
         }
     }
 }
 
-async fn pause_or_lost(session: &ZkSession, name: &LockName) -> Result<()> {
-    tokio::select! {
-        () = tokio::time::sleep(RETRY_PAUSE) => Ok(()),
-        () = session.clock.lost_token().cancelled() => Err(Error::lost(name)),
+async fn pause_or_lost(
+    backoff: &mut fencelock::raw::Backoff,
+    session: &ZkSession,
+    name: &LockName,
+) -> Result<()> {
+    if backoff.pause_unless(session.clock.lost_token()).await {
+        Ok(())
+    } else {
+        Err(Error::lost(name))
     }
 }
 

@@ -16,6 +16,9 @@ pub enum ProxyMode {
     /// applied, their answers lost. Like `BlackHole`, the connection is closed when forwarding
     /// resumes.
     DropReplies,
+    /// Close every connection, and each new one as soon as it is accepted: the client's
+    /// requests fail at once (the opposite of `BlackHole`).
+    Refuse,
 }
 
 /// A proxy from a free loopback port to `target`, running on the current Tokio runtime.
@@ -34,6 +37,10 @@ impl TcpProxy {
         let (mode, rx) = watch::channel(ProxyMode::Forward);
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
+                if *rx.borrow() == ProxyMode::Refuse {
+                    drop(client);
+                    continue;
+                }
                 let target = target.clone();
                 let rx = rx.clone();
                 tokio::spawn(async move {
@@ -73,6 +80,7 @@ async fn pipe(client: TcpStream, server: TcpStream, mut mode: watch::Receiver<Pr
         let mut cut = *mode.borrow_and_update() != ProxyMode::Forward;
         while mode.changed().await.is_ok() {
             match *mode.borrow_and_update() {
+                ProxyMode::Refuse => return,
                 ProxyMode::BlackHole | ProxyMode::DropReplies => cut = true,
                 ProxyMode::Forward if cut => return,
                 ProxyMode::Forward => {}
