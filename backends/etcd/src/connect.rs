@@ -12,12 +12,14 @@ pub(crate) fn options(config: &EtcdConfig) -> ConnectOptions {
     let mut options = ConnectOptions::new()
         .with_connect_timeout(config.connect_timeout)
         // etcd answers pings more often than every 5 s (its default
-        // --grpc-keepalive-min-time) with GOAWAY.
+        // --grpc-keepalive-min-time) with GOAWAY, and pings on a connection without streams
+        // more often than every 2 h after the third (review F13): ping only while streams are
+        // open; an idle connection's death shows at its next request, which has a timeout.
         .with_keep_alive(
             Duration::from_secs(5).max(config.ttl / 3),
             config.request_timeout,
         )
-        .with_keep_alive_while_idle(true)
+        .with_keep_alive_while_idle(false)
         .with_require_leader(true);
     if let (Some(user), Some(password)) = (&config.user, &config.password) {
         // etcd's auth tokens expire (5 min by default); a lock service runs for days.

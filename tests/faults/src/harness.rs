@@ -265,6 +265,25 @@ impl Harness {
         None
     }
 
+    /// The store's leader, waiting up to 10 s for one (an election after the last fault may
+    /// still be running).
+    async fn leader(&self) -> Option<usize> {
+        for _ in 0..50 {
+            let leader = match self.backend {
+                Backend::Etcd => self.etcd.as_ref().and_then(EtcdCluster::leader),
+                Backend::ZooKeeper => self
+                    .zk
+                    .as_ref()
+                    .and_then(|zk| (0..3).find(|&i| zk.mode(i) == "leader")),
+            };
+            if leader.is_some() {
+                return leader;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        None
+    }
+
     /// Applies every fault of `schedule`, printing it.
     pub async fn run(&mut self, schedule: &Schedule) {
         for &(fault, gap) in &schedule.faults {
@@ -335,14 +354,10 @@ impl Harness {
                 links.cut(follower, false);
             }
             Fault::StallLeader => {
-                let leader = match self.backend {
-                    Backend::Etcd => self.etcd.as_ref().and_then(EtcdCluster::leader),
-                    Backend::ZooKeeper => self
-                        .zk
-                        .as_ref()
-                        .and_then(|zk| (0..3).find(|&i| zk.mode(i) == "leader")),
+                let Some(leader) = self.leader().await else {
+                    eprintln!("faults: no leader to stall within 10 s");
+                    return;
                 };
-                let Some(leader) = leader else { return };
                 let pause = |paused| match (&self.etcd, &self.zk) {
                     (Some(cluster), _) => cluster.pause(leader, paused),
                     (_, Some(ensemble)) => ensemble.pause(leader, paused),

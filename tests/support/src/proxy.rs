@@ -27,6 +27,7 @@ pub struct TcpProxy {
     /// The port clients connect to.
     pub port: u16,
     mode: watch::Sender<ProxyMode>,
+    accepted: std::sync::Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl TcpProxy {
@@ -35,8 +36,11 @@ impl TcpProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let port = listener.local_addr().expect("proxy address").port();
         let (mode, rx) = watch::channel(ProxyMode::Forward);
+        let accepted = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let counter = std::sync::Arc::clone(&accepted);
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
+                counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                 if *rx.borrow() == ProxyMode::Refuse {
                     drop(client);
                     continue;
@@ -50,7 +54,17 @@ impl TcpProxy {
                 });
             }
         });
-        TcpProxy { port, mode }
+        TcpProxy {
+            port,
+            mode,
+            accepted,
+        }
+    }
+
+    /// How many connections clients have opened through the proxy so far (a client that
+    /// reconnects shows here).
+    pub fn connections(&self) -> usize {
+        self.accepted.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The proxy's endpoint URL.
