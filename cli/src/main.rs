@@ -125,7 +125,8 @@ enum Command {
         /// Print JSON.
         #[arg(long)]
         json: bool,
-        /// Keep printing a line at each change of holder or queue until interrupted.
+        /// Keep printing the status at each change of holder or queue until interrupted (the
+        /// store's own watch: it survives reconnects and etcd compaction).
         #[arg(long)]
         watch: bool,
     },
@@ -142,7 +143,8 @@ enum Command {
         #[arg(long)]
         yes: bool,
     },
-    /// List locks that are held or waited for.
+    /// List locks that are held or waited for, each with its holder and waiters as `status`
+    /// shows them.
     #[command(after_help = exit::HELP)]
     List {
         /// Only names starting with this.
