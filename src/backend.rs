@@ -144,6 +144,71 @@ pub trait LockBackend: Send + Sync + fmt::Debug {
     /// Cancel-safe: dropping the future removes the waiter from the queue (see the contract).
     async fn acquire(&self, name: &LockName, wait: Wait) -> Result<LockGuard>;
 
+    /// Acquires one of the `permits` permits of the semaphore `name` under `wait`: at most
+    /// `permits` guards of `name` are held at once, across every process. A permit is a
+    /// [`LockGuard`] with a lock's guarantees: `lost` before the store could give the permit
+    /// to someone else, an owner-checked release, fenced state the store refuses once the
+    /// permit is gone, and a token unique to the grant that grows with each grant. Waiters are
+    /// served in arrival order, and each release wakes one of them. The count is stored with
+    /// the semaphore and checked by the store: while anyone holds or waits for a permit of
+    /// `name`, an acquire with another count is refused. Use [`Semaphore`](crate::Semaphore)
+    /// for the ergonomic form. The default says the backend does not support semaphores.
+    ///
+    /// What a permit's token can fence: `permits` holders coexist, so one resource fenced by
+    /// the highest token seen would refuse every holder but the newest. Fence what one
+    /// holder owns instead: a work item taken by the permit, or the permit holder's own
+    /// fenced state ([`LockGuard::fenced_put`]), which the store refuses once the permit is
+    /// lost.
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> fencelock::Result<()> {
+    /// use fencelock::{LockBackend, LockName, MemoryStore, Wait};
+    ///
+    /// let store = MemoryStore::new();
+    /// let (a, b, c) = (store.backend(), store.backend(), store.backend());
+    /// let pool = LockName::new("gpu")?;
+    /// let first = a.acquire_permit(&pool, 2, Wait::Forever).await?;
+    /// let second = b.acquire_permit(&pool, 2, Wait::Forever).await?;
+    /// assert!(c.acquire_permit(&pool, 2, Wait::Try).await.is_err()); // both permits taken
+    /// let _ = first.release().await?;
+    /// let third = c.acquire_permit(&pool, 2, Wait::Try).await?;
+    /// assert!(third.token() > second.token());
+    /// # drop((second, third)); Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for `permits == 0`; [`Error::PermitsMismatch`] when the store
+    /// holds another count for `name`; otherwise as [`acquire`](LockBackend::acquire).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: dropping the future withdraws everything the attempt queued, as for
+    /// `acquire`.
+    async fn acquire_permit(&self, name: &LockName, permits: u32, wait: Wait) -> Result<LockGuard> {
+        let _ = (name, permits, wait);
+        Err(Error::Unsupported {
+            backend: self.kind(),
+            what: "semaphores",
+        })
+    }
+
+    /// The permit holders and waiters of the semaphore `name`, as the store sees them now (for
+    /// operators: `fencelock status --permits`): [`LockStatus::holders`] entries of the queue
+    /// hold a permit, the rest wait, and [`LockStatus::permits`] is the stored count. The
+    /// default says the backend does not support semaphores.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`], or [`Error::Backend`] when the store cannot be reached.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: it only reads.
+    async fn permit_status(&self, name: &LockName) -> Result<LockStatus> {
+        let _ = name;
+        Err(Error::Unsupported {
+            backend: self.kind(),
+            what: "semaphores",
+        })
+    }
+
     /// Who holds `name` and how many wait for it, as the store sees it now (for operators:
     /// `fencelock status`). The default says the backend does not support it.
     ///
@@ -348,6 +413,12 @@ pub struct LockStatus {
     pub owner: Option<Owner>,
     /// The whole queue in grant order, the holder first; empty when free.
     pub queue: Vec<QueueEntry>,
+    /// How many entries at the front of [`queue`](LockStatus::queue) hold: 0 or 1 for a lock,
+    /// up to [`permits`](LockStatus::permits) for a semaphore.
+    pub holders: usize,
+    /// A semaphore's stored count of permits ([`LockBackend::permit_status`]); `None` for a
+    /// lock, and for a semaphore no one holds or waits for.
+    pub permits: Option<u32>,
 }
 
 /// One contender in a lock's queue, as [`LockBackend::status`] sees it.
@@ -381,8 +452,34 @@ impl LockStatus {
             waiting: queue.len().saturating_sub(1),
             age: first.and_then(|e| e.age),
             owner: first.and_then(|e| e.owner.clone()),
+            holders: usize::from(first.is_some()),
             queue,
+            permits: None,
         }
+    }
+
+    /// The status of a semaphore: `holders` hold a permit, in grant order, and `waiters` wait,
+    /// in arrival order; `permits` is the stored count. For backends.
+    pub fn from_permits(
+        name: LockName,
+        permits: Option<u32>,
+        holders: Vec<QueueEntry>,
+        waiters: Vec<QueueEntry>,
+    ) -> Self {
+        let held = holders.len();
+        let mut status = LockStatus::from_queue(name, holders.into_iter().chain(waiters).collect());
+        status.holders = held;
+        status.waiting = status.queue.len() - held;
+        status.permits = permits;
+        if held == 0 {
+            (status.holder, status.age, status.owner) = (None, None, None);
+        }
+        status
+    }
+
+    /// The entries that hold: the lock's holder, or a semaphore's permit holders.
+    pub fn holding(&self) -> &[QueueEntry] {
+        &self.queue[..self.holders.min(self.queue.len())]
     }
 
     /// A status; for backends.
@@ -399,6 +496,8 @@ impl LockStatus {
             age,
             owner: None,
             queue: Vec::new(),
+            holders: usize::from(holder.is_some()),
+            permits: None,
         }
     }
 }

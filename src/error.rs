@@ -110,6 +110,22 @@ pub enum Error {
         reason: String,
     },
 
+    /// A semaphore's contenders disagree on its number of permits: the store holds
+    /// `stored` for `name` (written by the contenders already there), the caller asked for
+    /// `requested`. Nothing was acquired or left behind; use the same count everywhere (a
+    /// semaphore takes its count anew once no one holds or waits for a permit).
+    #[error(
+        "semaphore {name:?} has {stored} permits in the store, but this acquire asked for          {requested}; every contender must use the same count"
+    )]
+    PermitsMismatch {
+        /// The semaphore's name.
+        name: String,
+        /// The count the store holds.
+        stored: u32,
+        /// The count this acquire asked for.
+        requested: u32,
+    },
+
     /// The backend does not offer this operation.
     #[error("the {backend} backend does not support {what}; use another backend or leave it out")]
     Unsupported {
@@ -230,6 +246,15 @@ impl Error {
     pub fn would_block(name: &LockName) -> Self {
         Error::WouldBlock {
             name: name.to_string(),
+        }
+    }
+
+    /// [`Error::PermitsMismatch`] for the semaphore `name`.
+    pub fn permits_mismatch(name: &LockName, stored: u32, requested: u32) -> Self {
+        Error::PermitsMismatch {
+            name: name.to_string(),
+            stored,
+            requested,
         }
     }
 

@@ -41,7 +41,9 @@ The backend comes from --backend or FENCELOCK_BACKEND; its password is never pri
 pub fn report(e: &Error) -> u8 {
     eprintln!("fencelock: {e}");
     match e {
-        Error::InvalidName { .. } | Error::InvalidConfig { .. } => USAGE,
+        Error::InvalidName { .. } | Error::InvalidConfig { .. } | Error::PermitsMismatch { .. } => {
+            USAGE
+        }
         Error::WouldBlock { .. } | Error::Timeout { .. } => NOT_ACQUIRED,
         Error::LockLost { .. } | Error::NotHeld { .. } | Error::StaleToken { .. } => LOST,
         Error::Backend {

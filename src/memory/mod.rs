@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use tokio::time::Instant;
 
 pub use store::MemoryStore;
-use store::Position;
+use store::{Position, Refused};
 
 use crate::backend::{LockBackend, ReleaseOutcome, Wait};
 use futures::stream::BoxStream;
@@ -191,14 +191,31 @@ impl MemoryBackend {
 }
 
 impl MemoryBackend {
-    async fn acquire_entry(&self, name: &LockName, value: &[u8], wait: Wait) -> Result<LockGuard> {
+    async fn acquire_entry(
+        &self,
+        name: &LockName,
+        value: &[u8],
+        permits: Option<u32>,
+        wait: Wait,
+    ) -> Result<LockGuard> {
         wait.limit(KIND, name, async {
             let session = self.session().await?;
             let lost = || Error::lost(name);
             let token = self
                 .store
-                .enqueue(name.as_str(), session.id, value, &self.config.owner)
-                .ok_or_else(lost)?;
+                .enqueue(
+                    name.as_str(),
+                    session.id,
+                    value,
+                    &self.config.owner,
+                    permits,
+                )
+                .map_err(|refused| match (refused, permits) {
+                    (Refused::Permits(stored), Some(asked)) => {
+                        Error::permits_mismatch(name, stored, asked)
+                    }
+                    _ => lost(),
+                })?;
             let mut pending = Pending {
                 store: &self.store,
                 name: name.as_str(),
@@ -349,7 +366,7 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn acquire(&self, name: &LockName, wait: Wait) -> Result<LockGuard> {
-        self.acquire_entry(name, b"", wait).await
+        self.acquire_entry(name, b"", None, wait).await
     }
 
     async fn acquire_leadership(
@@ -358,7 +375,7 @@ impl LockBackend for MemoryBackend {
         value: &[u8],
         wait: Wait,
     ) -> Result<Leadership> {
-        let guard = self.acquire_entry(name, value, wait).await?;
+        let guard = self.acquire_entry(name, value, None, wait).await?;
         Ok(Leadership::new(guard, value.to_vec()))
     }
 
@@ -376,6 +393,15 @@ impl LockBackend for MemoryBackend {
 
     fn observe(&self, name: &LockName) -> BoxStream<'_, Result<Option<Leader>>> {
         observe_leader(KIND, Elections(&self.store), name.clone())
+    }
+
+    async fn acquire_permit(&self, name: &LockName, permits: u32, wait: Wait) -> Result<LockGuard> {
+        crate::raw::check_permits(permits)?;
+        self.acquire_entry(name, b"", Some(permits), wait).await
+    }
+
+    async fn permit_status(&self, name: &LockName) -> Result<LockStatus> {
+        Ok(self.store.permit_status(name))
     }
 
     async fn status(&self, name: &LockName) -> Result<LockStatus> {

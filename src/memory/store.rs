@@ -32,6 +32,9 @@ struct State {
     sessions: HashMap<u64, Instant>,
     /// Per lock: entries in grant order; the front one holds the lock.
     queues: HashMap<String, VecDeque<Entry>>,
+    /// Per semaphore: its count of permits, while its queue is not empty (locks have none and
+    /// take 1).
+    permits: HashMap<String, u32>,
     values: HashMap<(String, String), Vec<u8>>,
     changes: Changes,
 }
@@ -62,6 +65,14 @@ struct Entry {
     /// An election candidate's published value (empty for locks).
     value: Vec<u8>,
     owner: Owner,
+}
+
+/// Why [`MemoryStore::enqueue`] queued nothing.
+pub(super) enum Refused {
+    /// The session has expired.
+    SessionGone,
+    /// The semaphore holds another count.
+    Permits(u32),
 }
 
 /// Where a queued entry stands.
@@ -171,17 +182,26 @@ impl MemoryStore {
         self.state().expire(id);
     }
 
-    /// Queues a new entry for `name` under session `id`; `None` if the session has expired.
+    /// Queues a new entry for `name` under session `id`: a lock's (`permits: None`) or a
+    /// semaphore's, whose count must match the stored one.
     pub(super) fn enqueue(
         &self,
         name: &str,
         session: u64,
         value: &[u8],
         owner: &Owner,
-    ) -> Option<u64> {
+        permits: Option<u32>,
+    ) -> Result<u64, Refused> {
         let mut state = self.state();
         if !state.sessions.contains_key(&session) {
-            return None;
+            return Err(Refused::SessionGone);
+        }
+        if let Some(permits) = permits {
+            match state.permits.get(name) {
+                Some(&stored) if stored != permits => return Err(Refused::Permits(stored)),
+                Some(_) => {}
+                None => drop(state.permits.insert(name.to_owned(), permits)),
+            }
         }
         state.revision += 1;
         let token = state.revision;
@@ -198,7 +218,7 @@ impl MemoryStore {
                 owner: owner.clone(),
             });
         state.changes.bump();
-        Some(token)
+        Ok(token)
     }
 
     pub(super) fn position(&self, name: &str, token: u64) -> Position {
@@ -208,7 +228,7 @@ impl MemoryStore {
         };
         match queue.iter().position(|e| e.token == token) {
             None => Position::Gone,
-            Some(0) => Position::Holder {
+            Some(i) if i < state.admits(name) => Position::Holder {
                 checkpoint: state
                     .values
                     .get(&(name.to_owned(), StateKey::checkpoint().as_str().to_owned()))
@@ -218,6 +238,23 @@ impl MemoryStore {
                 wake: Arc::clone(&queue[i].wake),
             },
         }
+    }
+
+    /// The semaphore `name`: its count, holders and waiters, for `permit_status`.
+    pub(super) fn permit_status(&self, name: &LockName) -> LockStatus {
+        let state = self.state();
+        let permits = state.permits.get(name.as_str()).copied();
+        let entries: Vec<QueueEntry> = state.queues.get(name.as_str()).map_or_else(Vec::new, |q| {
+            q.iter()
+                .map(|e| {
+                    let (token, owner) = (FencingToken::new(e.token), Some(e.owner.clone()));
+                    QueueEntry::new(token, owner, Some(e.since.elapsed()))
+                })
+                .collect()
+        });
+        let admits = state.admits(name.as_str()).min(entries.len());
+        let (holders, waiters) = (entries[..admits].to_vec(), entries[admits..].to_vec());
+        LockStatus::from_permits(name.clone(), permits, holders, waiters)
     }
 
     /// How many entries are queued ahead of entry `token` (0 when it holds or is gone).
@@ -269,16 +306,23 @@ impl MemoryStore {
         op: impl FnOnce(&mut HashMap<(String, String), Vec<u8>>) -> T,
     ) -> Option<T> {
         let mut state = self.state();
-        let holds = state
-            .queues
-            .get(name)
-            .and_then(|q| q.front())
-            .is_some_and(|e| e.token == token && state.sessions.contains_key(&e.session));
+        let holds = state.queues.get(name).is_some_and(|q| {
+            q.iter()
+                .take(state.admits(name))
+                .any(|e| e.token == token && state.sessions.contains_key(&e.session))
+        });
         holds.then(|| op(&mut state.values))
     }
 }
 
 impl State {
+    /// How many entries at the front of `name`'s queue hold.
+    fn admits(&self, name: &str) -> usize {
+        self.permits
+            .get(name)
+            .map_or(1, |&n| usize::try_from(n).unwrap_or(usize::MAX))
+    }
+
     fn remove_entry(&mut self, name: &str, token: u64) -> bool {
         let Some(queue) = self.queues.get_mut(name) else {
             return false;
@@ -289,12 +333,20 @@ impl State {
         if let Some(removed) = queue.remove(i) {
             removed.wake.notify_one();
         }
-        // Only the successor is woken: no herd.
-        if let Some(next) = queue.get(i) {
+        // Only one entry is woken, no herd: the first waiter when a holder left (it holds now),
+        // else the successor of the waiter that left.
+        let admits = self
+            .permits
+            .get(name)
+            .map_or(1, |&n| usize::try_from(n).unwrap_or(usize::MAX));
+        let woken = if i < admits { admits - 1 } else { i };
+        if let Some(next) = queue.get(woken) {
             next.wake.notify_one();
         }
         if queue.is_empty() {
             self.queues.remove(name);
+            // A semaphore no one holds or waits for takes its count anew.
+            self.permits.remove(name);
         }
         self.changes.bump();
         true

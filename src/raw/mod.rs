@@ -42,6 +42,7 @@ use std::time::Duration;
 
 pub use crate::backend::HeldLock;
 pub use crate::lease::LeaseClock;
+pub use crate::semaphore::check_permits;
 pub use crate::withdrawals::{Withdrawal, Withdrawals};
 pub use enqueued::{Enqueued, Withdraw};
 pub use grant::Grant;

@@ -29,6 +29,7 @@
 mod checks;
 mod election;
 mod faults;
+mod semaphore;
 mod watch;
 
 use std::future::Future;
@@ -39,6 +40,7 @@ use async_trait::async_trait;
 pub use checks::*;
 pub use election::*;
 pub use faults::{cut_off_holder, observe_across_a_gap};
+pub use semaphore::*;
 pub use watch::*;
 
 use crate::{LockBackend, LockName};
@@ -122,7 +124,10 @@ macro_rules! conformance_tests {
             election_one_leader_at_a_time,
             election_observe_sees_every_change, election_resign_hands_over_at_once,
             election_session_loss_ends_leadership, election_cancelled_campaign_leaves_nothing,
-            watch_sees_acquire_handoff_and_release);
+            watch_sees_acquire_handoff_and_release,
+            semaphore_admits_at_most_n, semaphore_lost_permit_returns,
+            semaphore_cancelled_acquire_leaves_nothing, semaphore_mismatched_count_refused,
+            semaphore_fifo_and_status);
     };
     (@each $factory:expr; $($check:ident),* $(,)?) => {
         $(
@@ -144,6 +149,7 @@ mod tests {
             include_str!("checks.rs"),
             include_str!("election.rs"),
             include_str!("watch.rs"),
+            include_str!("semaphore.rs"),
         ]
         .concat();
         let mut defined: Vec<&str> = checks
