@@ -123,16 +123,25 @@ impl<T: Send + 'static, W: Withdraw<T>> Enqueued<T, W> {
     }
 }
 
-impl<T: Send + 'static, W: Withdraw<T>> Drop for Enqueued<T, W> {
-    fn drop(&mut self) {
-        let Some(Armed {
+impl<T: Send + 'static, W: Withdraw<T>> Enqueued<T, W> {
+    /// Withdraws the entry now and waits (at most `limit`) until the store has answered, so
+    /// that a refused acquire has visibly taken nothing when it returns. The withdrawal is the
+    /// one dropping would run, in its own task, so it goes on if this wait is cut short.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: the withdrawal goes on in its task.
+    pub async fn withdraw_now(mut self, limit: std::time::Duration) {
+        if let Some(task) = self.start_withdrawal() {
+            let _ = tokio::time::timeout(limit, task).await;
+        }
+    }
+
+    fn start_withdrawal(&mut self) -> Option<JoinHandle<()>> {
+        let Armed {
             mut withdraw,
             withdrawals,
             name,
-        }) = self.armed.take()
-        else {
-            return;
-        };
+        } = self.armed.take()?;
         // Counted synchronously, before the task runs: a new acquire of the name by this
         // instance must already see it.
         let withdrawal = withdrawals.begin(&name);
@@ -162,7 +171,13 @@ impl<T: Send + 'static, W: Withdraw<T>> Drop for Enqueued<T, W> {
             }
             drop(withdraw);
             drop(withdrawal);
-        });
+        })
+    }
+}
+
+impl<T: Send + 'static, W: Withdraw<T>> Drop for Enqueued<T, W> {
+    fn drop(&mut self) {
+        drop(self.start_withdrawal());
     }
 }
 

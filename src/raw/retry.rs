@@ -63,18 +63,22 @@ impl Backoff {
 
 /// Spawns `work` on the current Tokio runtime without waiting for it; outside a runtime (a
 /// guard dropped after its runtime shut down, say) logs that `what` is left to the lease.
+/// Returns the task, for a caller that wants to wait for it.
 pub fn spawn_detached(
     backend: &'static str,
     what: &str,
     work: impl Future<Output = ()> + Send + 'static,
-) {
+) -> Option<tokio::task::JoinHandle<()>> {
     match tokio::runtime::Handle::try_current() {
-        Ok(runtime) => drop(runtime.spawn(work)),
-        Err(_) => tracing::warn!(
-            backend,
-            what,
-            "no Tokio runtime to run this in the background; the lease will end it"
-        ),
+        Ok(runtime) => Some(runtime.spawn(work)),
+        Err(_) => {
+            tracing::warn!(
+                backend,
+                what,
+                "no Tokio runtime to run this in the background; the lease will end it"
+            );
+            None
+        }
     }
 }
 

@@ -13,9 +13,10 @@ use futures::stream::BoxStream;
 
 use crate::election::Elections;
 use crate::held::EtcdHeld;
-use crate::keys::Keys;
+use crate::keys::{Keys, QueueAt};
 use crate::mutex::{self, Granted, Unqueue};
 use crate::queue::Queues;
+use crate::semaphore::{self, Ours, PermitKey, Unpermit};
 use crate::session::Session;
 use crate::watch::Held;
 use crate::{call, EtcdConfig, KIND};
@@ -124,12 +125,16 @@ impl EtcdBackend {
             .await
     }
 
-    async fn acquire_once(
+    /// Queues for `name` at `at` and waits for the front of that queue: the first half of an
+    /// acquire, shared by locks, candidates and a semaphore's gate. The entry stays armed in
+    /// the returned [`Front`]: dropping it withdraws the key.
+    async fn enter(
         &self,
         name: &LockName,
         try_once: bool,
         entry: Entry<'_>,
-    ) -> Result<LockGuard> {
+        at: impl Fn(i64) -> QueueAt,
+    ) -> Result<Front> {
         let session = self.session().await?;
         let limit = self.config.request_timeout;
         session.withdrawals.settled(name, limit).await;
@@ -144,6 +149,7 @@ impl EtcdBackend {
                 .await
                 .ok_or_else(|| Error::lost(name))?
         };
+        let at = at(session.lease);
         let (value, unique) = match entry {
             Entry::Lock => {
                 let value = mutex::attempt_value(&self.config.owner);
@@ -154,19 +160,19 @@ impl EtcdBackend {
         let enqueue = {
             // Handles, not clones: a `Client` by value would make every acquire future
             // (and this task) kilobytes larger, and moving them costs on the hot path.
-            let (client, keys, name, session, value) = (
+            let (client, at, name, session, value) = (
                 Arc::clone(&self.client),
-                self.keys.clone(),
+                at.clone(),
                 name.clone(),
                 Arc::clone(&session),
                 value.clone(),
             );
-            async move { mutex::enqueue(&client, &keys, &name, &session, &value, limit).await }
+            async move { mutex::enqueue(&client, &at, &name, &session, &value, limit).await }
         };
         let unqueue = Unqueue {
             client: Arc::clone(&self.client),
             session: Arc::clone(&session),
-            key: self.keys.lock_key(name, session.lease),
+            key: at.key.clone(),
             value: unique,
             limit,
             turn,
@@ -201,7 +207,7 @@ impl EtcdBackend {
             // every acquire, contended or not, larger.
             Box::pin(mutex::wait_for_turn(
                 &self.client,
-                &self.keys,
+                &at,
                 name,
                 queued,
                 &session,
@@ -209,6 +215,30 @@ impl EtcdBackend {
             ))
             .await?
         };
+        Ok(Front {
+            pending,
+            granted,
+            session,
+        })
+    }
+
+    async fn acquire_once(
+        &self,
+        name: &LockName,
+        try_once: bool,
+        entry: Entry<'_>,
+    ) -> Result<LockGuard> {
+        let front = self
+            .enter(name, try_once, entry, |lease| {
+                self.keys.lock_queue(name, lease)
+            })
+            .await?;
+        let Front {
+            pending,
+            granted,
+            session,
+        } = front;
+        let limit = self.config.request_timeout;
         let (Some(unqueue), Some(queued)) = pending.disarm() else {
             return Err(Error::internal(
                 KIND,
@@ -238,7 +268,7 @@ impl EtcdBackend {
             ttl: self.config.ttl,
             lease: session.lease,
             _session: Arc::clone(&session),
-            _turn: unqueue.turn,
+            _turn: Some(unqueue.turn),
         };
         let (guard, trigger) = Grant {
             backend: KIND,
@@ -256,6 +286,123 @@ impl EtcdBackend {
         });
         Ok(guard)
     }
+}
+
+impl EtcdBackend {
+    /// One attempt at a permit: the gate first, then our permit key and the count, in the
+    /// gate's holder's Txn; while the count is over, the gate's holder waits for a release.
+    async fn acquire_permit_once(
+        &self,
+        name: &LockName,
+        permits: u32,
+        try_once: bool,
+    ) -> Result<LockGuard> {
+        let mut front = self
+            .enter(name, try_once, Entry::Lock, |lease| {
+                self.keys.gate_queue(name, lease)
+            })
+            .await?;
+        let session = Arc::clone(&front.session);
+        let limit = self.config.request_timeout;
+        let (gate_key, gate_created) = semaphore::gate(front.pending.reply().await?);
+        let permit = PermitKey {
+            key: self.keys.permit_key(name, session.lease, gate_created),
+            prefix: self.keys.permits_prefix(name),
+        };
+        let put = {
+            let (client, name, gate_key, permit, lease) = (
+                Arc::clone(&self.client),
+                name.clone(),
+                gate_key.clone(),
+                permit.clone(),
+                session.lease,
+            );
+            let value = semaphore::permit_value(permits, &self.config.owner);
+            async move {
+                let gate = (gate_key.as_str(), gate_created);
+                semaphore::put_permit(&client, &name, gate, &permit, &value, lease, limit).await
+            }
+        };
+        let unpermit = Unpermit {
+            client: Arc::clone(&self.client),
+            session: Arc::clone(&session),
+            key: permit.key.clone(),
+            limit,
+        };
+        // Any `?` from here on withdraws both keys: the permit's, then the gate's.
+        let mut pending = Enqueued::spawn(&session.withdrawals, name, put, unpermit);
+        let counted = pending.reply().await?;
+        let created = counted.created;
+        let admits = match counted.admits(name, permits) {
+            Ok(admits) => admits,
+            Err(refused) => {
+                // Refused: take nothing, visibly, before saying so.
+                pending.withdraw_now(limit).await;
+                front.pending.withdraw_now(limit).await;
+                return Err(refused);
+            }
+        };
+        let token = if admits {
+            counted.revision
+        } else if try_once {
+            return Err(Error::would_block(name));
+        } else {
+            let ours = Ours {
+                gate: (gate_key.as_str(), gate_created),
+                permit: &permit,
+                created,
+            };
+            Box::pin(semaphore::wait_for_permit(
+                &self.client,
+                name,
+                ours,
+                permits,
+                &session,
+                limit,
+            ))
+            .await?
+        };
+        let _ = pending.disarm();
+        // Admitted: the gate goes to the next contender (its withdrawal is our release).
+        drop(front);
+        let token = FencingToken::new(token.unsigned_abs());
+        tracing::info!(semaphore = %name, %token, key = %permit.key, "etcd: permit acquired");
+        let held = EtcdHeld {
+            client: Arc::clone(&self.client),
+            keys: self.keys.clone(),
+            name: name.clone(),
+            key: permit.key.clone(),
+            created,
+            token,
+            limit,
+            ttl: self.config.ttl,
+            lease: session.lease,
+            _session: Arc::clone(&session),
+            _turn: None,
+        };
+        let (guard, trigger) = Grant {
+            backend: KIND,
+            name: name.clone(),
+            token,
+            lease: Arc::clone(&session.clock),
+            checkpoint: None,
+            held: Box::new(held),
+        }
+        .into_guard_with_trigger();
+        session.held_keys.watch(Held {
+            key: permit.key,
+            created,
+            trigger,
+        });
+        Ok(guard)
+    }
+}
+
+/// The front of a queue, reached: the entry (still armed), the grant, the session.
+pub(crate) struct Front {
+    pub(crate) pending: Enqueued<mutex::Queued, Unqueue>,
+    pub(crate) granted: Granted,
+    pub(crate) session: Arc<Session>,
 }
 
 #[async_trait]
@@ -297,6 +444,24 @@ impl LockBackend for EtcdBackend {
             })
             .await?;
         Ok(Leadership::new(guard, value.to_vec()))
+    }
+
+    async fn acquire_permit(&self, name: &LockName, permits: u32, wait: Wait) -> Result<LockGuard> {
+        fencelock::raw::check_permits(permits)?;
+        let try_once = wait == Wait::Try;
+        wait.limit(KIND, name, async {
+            match self.acquire_permit_once(name, permits, try_once).await {
+                Err(e) if crate::lease_gone(&e) => {
+                    self.acquire_permit_once(name, permits, try_once).await
+                }
+                outcome => outcome,
+            }
+        })
+        .await
+    }
+
+    async fn permit_status(&self, name: &LockName) -> Result<LockStatus> {
+        Queues(self.elections()).permits_at(name).await
     }
 
     async fn close(&self) -> Result<()> {
@@ -436,9 +601,16 @@ mod tests {
         // Attempt N of b: queued behind a, then withdrawn (cancelled).
         let session = b.session().await.unwrap();
         let value = mutex::attempt_value(&b.config.owner);
-        let queued = mutex::enqueue(&b.client, &b.keys, &name, &session, value.as_bytes(), LIMIT)
-            .await
-            .unwrap();
+        let queued = mutex::enqueue(
+            &b.client,
+            &b.keys.lock_queue(&name, session.lease),
+            &name,
+            &session,
+            value.as_bytes(),
+            LIMIT,
+        )
+        .await
+        .unwrap();
         assert!(!queued.owner);
         let turn = Arc::new(tokio::sync::Mutex::new(())).lock_owned().await;
         let mut late = Unqueue {

@@ -32,7 +32,8 @@ pub(crate) struct EtcdHeld {
     /// Keeps the session (and its lease) alive while the guard lives.
     pub(crate) _session: Arc<Session>,
     /// This session's turn on the name, held until the release is done.
-    pub(crate) _turn: OwnedMutexGuard<()>,
+    /// `None` for a permit: an instance may hold several permits of one semaphore.
+    pub(crate) _turn: Option<OwnedMutexGuard<()>>,
 }
 
 impl EtcdHeld {

@@ -2,10 +2,21 @@
 //!
 //! - lock `N` under prefix `P`: contenders' keys `P N "/" <lease id, lowercase hex>`, exactly as
 //!   Go's `concurrency.NewMutex(session, P+N)` and `etcdctl lock P+N` write them;
+//! - semaphore `N`: a gate, which is a Go Mutex at `P N "/locks/"`, and permit keys
+//!   `P N "/leases/" <lease hex> "-" <gate key's create revision, hex>`;
 //! - fenced state of lock `N`: `P ".state/" N "/" <key>`. Lock names never start with `.`, so no
 //!   contender's prefix scan (`P N "/"`) can ever see a state key.
 
 use fencelock::{LockName, StateKey};
+
+/// Where one queue lives: the key a contender writes, the range it scans, and the checkpoint
+/// its grant reads.
+#[derive(Clone, Debug)]
+pub(crate) struct QueueAt {
+    pub(crate) prefix: String,
+    pub(crate) key: String,
+    pub(crate) checkpoint: String,
+}
 
 #[derive(Clone, Debug)]
 pub(crate) struct Keys {
@@ -27,6 +38,36 @@ impl Keys {
     /// This session's contender key for `name`.
     pub(crate) fn lock_key(&self, name: &LockName, lease: i64) -> String {
         format!("{}{lease:x}", self.lock_prefix(name))
+    }
+
+    /// Where the lock `name`'s queue lives, for this session.
+    pub(crate) fn lock_queue(&self, name: &LockName, lease: i64) -> QueueAt {
+        QueueAt {
+            prefix: self.lock_prefix(name),
+            key: self.lock_key(name, lease),
+            checkpoint: self.state_key(name, &StateKey::checkpoint()),
+        }
+    }
+
+    /// Where the semaphore `name`'s gate lives, for this session: a Go Mutex at `P N /locks/`.
+    pub(crate) fn gate_queue(&self, name: &LockName, lease: i64) -> QueueAt {
+        let prefix = format!("{}locks/", self.lock_prefix(name));
+        QueueAt {
+            key: format!("{prefix}{lease:x}"),
+            prefix,
+            checkpoint: self.state_key(name, &StateKey::checkpoint()),
+        }
+    }
+
+    /// The range of the semaphore `name`'s permit keys: `P N /leases/`.
+    pub(crate) fn permits_prefix(&self, name: &LockName) -> String {
+        format!("{}leases/", self.lock_prefix(name))
+    }
+
+    /// The permit key of the attempt that holds the gate key created at `gate`: unique to the
+    /// attempt, so its withdrawal can never touch another permit.
+    pub(crate) fn permit_key(&self, name: &LockName, lease: i64, gate: i64) -> String {
+        format!("{}{lease:x}-{gate:x}", self.permits_prefix(name))
     }
 
     pub(crate) fn state_key(&self, name: &LockName, key: &StateKey) -> String {

@@ -82,6 +82,7 @@ mod held;
 mod keys;
 mod mutex;
 mod queue;
+mod semaphore;
 mod session;
 mod watch;
 

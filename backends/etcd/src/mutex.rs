@@ -9,11 +9,11 @@ use etcd_client::{
     TxnOp, TxnOpResponse, TxnResponse,
 };
 use fencelock::raw::{Backoff, Live, Withdraw};
-use fencelock::{Error, LockName, Owner, Result, StateKey};
+use fencelock::{Error, LockName, Owner, Result};
 use tokio::sync::OwnedMutexGuard;
 
 use crate::call;
-use crate::keys::Keys;
+use crate::keys::QueueAt;
 use crate::session::Session;
 
 /// The outcome of the first acquire Txn.
@@ -41,15 +41,13 @@ pub(crate) struct Granted {
 /// is what it publishes); tells whether we already own the lock.
 pub(crate) async fn enqueue(
     client: &Client,
-    keys: &Keys,
+    at: &QueueAt,
     name: &LockName,
     session: &Session,
     value: &[u8],
     limit: Duration,
 ) -> Result<Queued> {
-    let key = keys.lock_key(name, session.lease);
-    let prefix = keys.lock_prefix(name);
-    let checkpoint_key = keys.state_key(name, &StateKey::checkpoint());
+    let (key, prefix, checkpoint_key) = (at.key.clone(), &at.prefix, &at.checkpoint);
     // At most one leftover key of ours can be in the way; the second pass always creates.
     for _ in 0..3 {
         let txn = Txn::new()
@@ -116,19 +114,19 @@ pub(crate) async fn enqueue(
 /// (a Range, then a Get of its key) after every predecessor's delete.
 pub(crate) async fn wait_for_turn(
     client: &Client,
-    keys: &Keys,
+    at: &QueueAt,
     name: &LockName,
     queued: &Queued,
     session: &Session,
     limit: Duration,
 ) -> Result<Granted> {
-    let prefix = keys.lock_prefix(name);
+    let prefix = &at.prefix;
     let older = GetOptions::new()
         .with_prefix()
         .with_sort(SortTarget::Create, SortOrder::Descend)
         .with_limit(1)
         .with_max_create_revision(queued.created - 1);
-    let checkpoint = keys.state_key(name, &StateKey::checkpoint());
+    let checkpoint = &at.checkpoint;
     // Each pass waits out one predecessor; a failed request is retried after a pause that grows
     // while requests keep failing (no retry storm against a struggling cluster), and the
     // session's end (at most one TTL after the cluster stops answering) ends the loop.
