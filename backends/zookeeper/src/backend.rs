@@ -8,7 +8,7 @@ use std::sync::atomic::AtomicI32;
 use fencelock::raw::{observe_leader, watch_queue, Enqueued, Entry, Grant, SessionSlot, Watched};
 use fencelock::{
     Error, FencingToken, Leader, Leadership, LockBackend, LockGuard, LockName, LockStatus, Result,
-    Wait,
+    StateKey, Wait,
 };
 use futures::stream::BoxStream;
 use zookeeper_client::{Acls, CreateMode, MultiReadResult};
@@ -18,6 +18,7 @@ use crate::held::ZkHeld;
 use crate::mutex::{self, Unqueue};
 use crate::paths::{check_name, sort_key, Paths, Recipe};
 use crate::queue::Queues;
+use crate::semaphore;
 use crate::session::ZkSession;
 use crate::{zk_error, ZkConfig, KIND};
 
@@ -149,7 +150,10 @@ impl ZkBackend {
                 data.to_vec(),
                 self.acls,
             );
-            async move { mutex::create(&client, &paths, &name, (&id, recipe), &data, acls, limit).await }
+            async move {
+                let dir = paths.lock_dir(&name);
+                mutex::create(&client, &dir, (&id, recipe), &data, acls, limit).await
+            }
         };
         let unqueue = Unqueue {
             session: Arc::clone(&session),
@@ -160,17 +164,34 @@ impl ZkBackend {
         };
         let mut pending = Enqueued::spawn(&session.withdrawals, name, create, unqueue);
         let node = pending.reply().await?;
+        let (dir, checkpoint) = (
+            self.paths.lock_dir(name),
+            self.paths.state(name, &StateKey::checkpoint()),
+        );
         let checkpoint =
-            mutex::wait_turn(&session, &self.paths, name, node, try_once, limit).await?;
+            mutex::wait_turn(&session, (&dir, &checkpoint), name, node, try_once, limit).await?;
         let (_, Some(node)) = pending.disarm() else {
             return Err(Error::internal(KIND, "a granted acquire lost its node"));
         };
         tracing::info!(lock = %name, path = %node.path, czxid = node.czxid, "zookeeper: acquired");
+        Ok(self.guard_for(name, node, checkpoint, &session))
+    }
+
+    /// The guard of a granted node: its czxid is the token; a watch on it fires `lost` when it
+    /// is deleted behind our back.
+    fn guard_for(
+        &self,
+        name: &LockName,
+        node: mutex::Node,
+        checkpoint: Option<Vec<u8>>,
+        session: &Arc<ZkSession>,
+    ) -> LockGuard {
+        let limit = self.config.request_timeout;
         let token = FencingToken::new(node.czxid.unsigned_abs());
         let path = node.path.clone();
         let own_version = Arc::new(AtomicI32::new(0));
         let held = ZkHeld {
-            session: Arc::clone(&session),
+            session: Arc::clone(session),
             paths: self.paths.clone(),
             name: name.clone(),
             node,
@@ -195,11 +216,96 @@ impl ZkBackend {
             session.clock.lost_token().clone(),
         ));
         session.register(&path, trigger);
-        Ok(guard)
+        guard
     }
 }
 
 impl ZkBackend {
+    /// One attempt at a permit (see `semaphore`): the gate, our lease, the count, then the
+    /// gate goes to the next contender. Gate node and lease share one uuid, so `status` can
+    /// tell a waiting gate holder's two nodes for one contender.
+    async fn acquire_permit_once(
+        &self,
+        name: &LockName,
+        permits: u32,
+        try_once: bool,
+    ) -> Result<LockGuard> {
+        let owner = self.config.owner.encode();
+        let session = self.session().await?;
+        let limit = self.config.request_timeout;
+        session.withdrawals.settled(name, limit).await;
+        let id = uuid::Uuid::new_v4().to_string();
+        let (gate_dir, leases_dir) = (self.paths.gate_dir(name), self.paths.leases_dir(name));
+        let create = |dir: &str, recipe| {
+            let (client, dir, id, data, acls) = (
+                session.client.clone(),
+                dir.to_owned(),
+                id.clone(),
+                owner.clone().into_bytes(),
+                self.acls,
+            );
+            async move { mutex::create(&client, &dir, (&id, recipe), &data, acls, limit).await }
+        };
+        let unqueue = |dir: &str, recipe| Unqueue {
+            session: Arc::clone(&session),
+            dir: dir.to_owned(),
+            id: id.clone(),
+            recipe,
+            limit,
+        };
+        let mut gate = Enqueued::spawn(
+            &session.withdrawals,
+            name,
+            create(&gate_dir, Recipe::Mutex),
+            unqueue(&gate_dir, Recipe::Mutex),
+        );
+        let gate_node = gate.reply().await?;
+        let checkpoint = self.paths.state(name, &StateKey::checkpoint());
+        mutex::wait_turn(
+            &session,
+            (&gate_dir, &checkpoint),
+            name,
+            gate_node,
+            try_once,
+            limit,
+        )
+        .await?;
+        // Any `?` from here on withdraws both nodes: the lease, then the gate node.
+        let mut lease = Enqueued::spawn(
+            &session.withdrawals,
+            name,
+            create(&leases_dir, Recipe::Lease),
+            unqueue(&leases_dir, Recipe::Lease),
+        );
+        let lease_node = lease.reply().await?;
+        let admitted = semaphore::admit(
+            &session,
+            name,
+            &leases_dir,
+            lease_node,
+            permits,
+            try_once,
+            limit,
+        )
+        .await;
+        if let Err(refused @ Error::PermitsMismatch { .. }) = admitted {
+            // Refused: take nothing, visibly, before saying so.
+            lease.withdraw_now(limit).await;
+            gate.withdraw_now(limit).await;
+            return Err(refused);
+        }
+        admitted?;
+        let (_, Some(node)) = lease.disarm() else {
+            return Err(Error::internal(
+                KIND,
+                "a granted permit lost its lease node",
+            ));
+        };
+        drop(gate); // the gate goes to the next contender: its withdrawal is our release
+        tracing::info!(semaphore = %name, path = %node.path, czxid = node.czxid, "zookeeper: permit acquired");
+        Ok(self.guard_for(name, node, None, &session))
+    }
+
     fn elections(&self) -> Elections<'_> {
         Elections {
             backend: self,
@@ -240,6 +346,22 @@ impl LockBackend for ZkBackend {
             )
             .await?;
         Ok(Leadership::new(guard, value.to_vec()))
+    }
+
+    async fn acquire_permit(&self, name: &LockName, permits: u32, wait: Wait) -> Result<LockGuard> {
+        check_name(name)?;
+        fencelock::raw::check_permits(permits)?;
+        wait.limit(
+            KIND,
+            name,
+            self.acquire_permit_once(name, permits, wait == Wait::Try),
+        )
+        .await
+    }
+
+    async fn permit_status(&self, name: &LockName) -> Result<LockStatus> {
+        check_name(name)?;
+        Queues(self.elections()).permits(name).await
     }
 
     async fn close(&self) -> Result<()> {
@@ -359,8 +481,7 @@ mod tests {
         let leftover = uuid::Uuid::new_v4().to_string();
         mutex::create(
             &session.client,
-            &backend.paths,
-            &name,
+            &backend.paths.lock_dir(&name),
             (&leftover, Recipe::Mutex),
             b"",
             backend.acls,

@@ -56,6 +56,7 @@ mod held;
 mod mutex;
 mod paths;
 mod queue;
+mod semaphore;
 mod session;
 
 pub use backend::ZkBackend;

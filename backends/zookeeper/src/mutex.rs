@@ -15,10 +15,10 @@
 use std::time::Duration;
 
 use fencelock::raw::{Live, Withdraw};
-use fencelock::{Error, LockName, Result, StateKey};
+use fencelock::{Error, LockName, Result};
 use zookeeper_client::{Acls, Client, CreateMode, MultiReadResult};
 
-use crate::paths::{check_no_wrap, node_tag, sort_key, Paths, Recipe};
+use crate::paths::{check_no_wrap, node_tag, sort_key, Recipe};
 use crate::session::ZkSession;
 use crate::zk_error;
 
@@ -35,15 +35,13 @@ const RETRY_PAUSE: Duration = Duration::from_millis(200);
 /// Creates our node with `data` (a candidate's value; empty for a lock).
 pub(crate) async fn create(
     client: &Client,
-    paths: &Paths,
-    name: &LockName,
+    dir: &str,
     (id, recipe): (&str, Recipe),
     data: &[u8],
     acls: Acls<'static>,
     limit: Duration,
 ) -> Result<Node> {
-    let dir = paths.lock_dir(name);
-    let prefix = paths.node_prefix(name, id, recipe);
+    let prefix = format!("{dir}/{}", node_tag(id, recipe));
     // A few passes: a missing parent, or a container the server removed in between, or a lost
     // reply, each costs one more.
     for _ in 0..5 {
@@ -68,7 +66,7 @@ pub(crate) async fn create(
             }
             Ok(Err(zookeeper_client::Error::NoNode)) => {
                 let parents = CreateMode::Container.with_acls(acls);
-                match tokio::time::timeout(limit, client.mkdir(&dir, &parents)).await {
+                match tokio::time::timeout(limit, client.mkdir(dir, &parents)).await {
                     Ok(Ok(()) | Err(zookeeper_client::Error::NodeExists)) => {}
                     Ok(Err(e)) => return Err(zk_error("create the lock's parent nodes", e)),
                     Err(_) => {
@@ -86,7 +84,7 @@ pub(crate) async fn create(
                 return Err(zk_error("create the lock node", e))
             }
             Ok(Err(_)) | Err(_) => {
-                if let Some(node) = find(client, &dir, &node_tag(id, recipe), limit).await? {
+                if let Some(node) = find(client, dir, &node_tag(id, recipe), limit).await? {
                     tracing::debug!(path = %node.path, "zookeeper: adopted our node after a lost reply");
                     return Ok(node);
                 }
@@ -162,15 +160,13 @@ async fn find(client: &Client, dir: &str, tag: &str, limit: Duration) -> Result<
 /// Waits until our node is first; returns the checkpoint read in the same request.
 pub(crate) async fn wait_turn(
     session: &ZkSession,
-    paths: &Paths,
+    (dir, checkpoint): (&str, &str),
     name: &LockName,
     node: &Node,
     try_once: bool,
     limit: Duration,
 ) -> Result<Option<Vec<u8>>> {
     let client = &session.client;
-    let dir = paths.lock_dir(name);
-    let checkpoint = paths.state(name, &StateKey::checkpoint());
     let lost = || Error::lost(name);
     let mut first_look = true;
     // Failed requests pause longer while they keep failing; a predecessor's change resets it.
@@ -184,10 +180,10 @@ pub(crate) async fn wait_turn(
         let read = {
             let mut reader = client.new_multi_reader();
             reader
-                .add_get_children(&dir)
+                .add_get_children(dir)
                 .map_err(|e| zk_error("list contenders", e))?;
             reader
-                .add_get_data(&checkpoint)
+                .add_get_data(checkpoint)
                 .map_err(|e| zk_error("read the checkpoint", e))?;
             tokio::time::timeout(limit, reader.commit()).await
         };
@@ -221,7 +217,7 @@ pub(crate) async fn wait_turn(
             Some(MultiReadResult::Data { data, .. }) => Some(data),
             _ => None,
         };
-        check_no_wrap(&dir, &children)?;
+        check_no_wrap(dir, &children)?;
         children.sort_by(|a, b| sort_key(a).cmp(sort_key(b)));
         let Some(position) = children.iter().position(|c| *c == node.child) else {
             // Our node is gone: the session expired or someone deleted it.

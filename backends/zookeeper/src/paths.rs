@@ -5,6 +5,9 @@
 //! - election `N`: Curator's `LeaderLatch` path `B/N`, whose children are the candidates' nodes
 //!   `_c_<uuid>-latch-<sequence>` holding the candidate's value (the latch's participant id),
 //!   ordered by what follows the last `latch-`;
+//! - semaphore `N`: Curator's `InterProcessSemaphoreV2` at `B/N`: its gate, an
+//!   `InterProcessMutex` at `B/N/locks`, and its permits (leases) `B/N/leases/_c_<uuid>-lease-<seq>`;
+//!   the data of `B/N/leases` is the count of permits (`3`), written by fencelock;
 //! - fenced state of lock `N`: `B/.state/N/<key>`. Lock names never start with `.`, so no lock
 //!   path, and no child listing of one, can contain state.
 
@@ -14,6 +17,8 @@ use fencelock::{Error, LockName, Result, StateKey};
 pub(crate) const LOCK_NAME: &str = "lock-";
 /// Curator's lock name for `LeaderLatch`.
 pub(crate) const LATCH_NAME: &str = "latch-";
+/// Curator's lease name for `InterProcessSemaphoreV2`.
+pub(crate) const LEASE_NAME: &str = "lease-";
 
 /// Which Curator recipe a node belongs to: its name, and so its sort key, differ.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -22,6 +27,8 @@ pub(crate) enum Recipe {
     Mutex,
     /// `LeaderLatch`.
     Latch,
+    /// A lease (permit) of `InterProcessSemaphoreV2`.
+    Lease,
 }
 
 impl Recipe {
@@ -29,6 +36,7 @@ impl Recipe {
         match self {
             Recipe::Mutex => LOCK_NAME,
             Recipe::Latch => LATCH_NAME,
+            Recipe::Lease => LEASE_NAME,
         }
     }
 }
@@ -50,8 +58,20 @@ impl Paths {
     }
 
     /// The prefix of our node: the server appends the sequence number.
+    #[cfg(test)]
     pub(crate) fn node_prefix(&self, name: &LockName, id: &str, recipe: Recipe) -> String {
         format!("{}/{}", self.lock_dir(name), node_tag(id, recipe))
+    }
+
+    /// The gate of the semaphore `name`: Curator's `InterProcessSemaphoreV2` lock path
+    /// `B/N/locks`, an `InterProcessMutex`.
+    pub(crate) fn gate_dir(&self, name: &LockName) -> String {
+        format!("{}/locks", self.lock_dir(name))
+    }
+
+    /// Where the semaphore `name`'s permits (Curator's leases) live: `B/N/leases`.
+    pub(crate) fn leases_dir(&self, name: &LockName) -> String {
+        format!("{}/leases", self.lock_dir(name))
     }
 
     pub(crate) fn state_dir(&self, name: &LockName) -> String {
@@ -69,10 +89,11 @@ pub(crate) fn node_tag(id: &str, recipe: Recipe) -> String {
     format!("_c_{id}-{}", recipe.node_name())
 }
 
-/// Curator's sort key: what follows the last `lock-` (a latch's: `latch-`), or the whole name.
+/// Curator's sort key: what follows the last `lock-` (a latch's: `latch-`, a lease's:
+/// `lease-`), or the whole name.
 /// One path holds one recipe's nodes, so whichever of the two names comes last is the one.
 pub(crate) fn sort_key(child: &str) -> &str {
-    [LOCK_NAME, LATCH_NAME]
+    [LOCK_NAME, LATCH_NAME, LEASE_NAME]
         .iter()
         .filter_map(|n| child.rfind(n).map(|i| i + n.len()))
         .max()

@@ -109,6 +109,117 @@ impl Queues<'_> {
     }
 }
 
+impl Queues<'_> {
+    /// The semaphore `name` now: its leases in sequence order (the first `permits` hold; one
+    /// more is the gate's holder, waiting) and the gate's queue; the count from the data of
+    /// the leases' parent.
+    pub(crate) async fn permits(&self, name: &LockName) -> Result<LockStatus> {
+        let backend = self.0.backend;
+        let session = backend.session().await?;
+        let client = &session.client;
+        let limit = backend.config().request_timeout;
+        let (leases_dir, gate_dir) = (
+            backend.paths().leases_dir(name),
+            backend.paths().gate_dir(name),
+        );
+        let mut reader = client.new_multi_reader();
+        for add in [
+            reader.add_get_data(&leases_dir),
+            reader.add_get_children(&leases_dir),
+            reader.add_get_children(&gate_dir),
+        ] {
+            add.map_err(|e| zk_error("read the semaphore", e))?;
+        }
+        let read = timed("read the semaphore", limit, reader.commit())
+            .await?
+            .map_err(|e| zk_error("read the semaphore", e))?;
+        let mut read = read.into_iter();
+        let count = match read.next() {
+            Some(MultiReadResult::Data { data, .. }) => crate::semaphore::stored_permits(&data),
+            _ => None,
+        };
+        let mut listing = |what| match read.next() {
+            Some(MultiReadResult::Children { mut children }) => {
+                children.sort_by(|a, b| sort_key(a).cmp(sort_key(b)));
+                Ok(children)
+            }
+            Some(MultiReadResult::Error {
+                err: zookeeper_client::Error::NoNode,
+            }) => Ok(Vec::new()),
+            other => Err(Error::protocol(
+                KIND,
+                format!("{what}: unexpected reply {other:?}"),
+            )),
+        };
+        let (leases, gated) = (listing("list the leases")?, listing("list the gate")?);
+        let mut reader = client.new_multi_reader();
+        for path in leases
+            .iter()
+            .map(|c| format!("{leases_dir}/{c}"))
+            .chain(gated.iter().map(|c| format!("{gate_dir}/{c}")))
+        {
+            reader
+                .add_get_data(&path)
+                .map_err(|e| zk_error("read the semaphore's nodes", e))?;
+        }
+        let nodes = if leases.is_empty() && gated.is_empty() {
+            Vec::new()
+        } else {
+            timed("read the semaphore's nodes", limit, reader.commit())
+                .await?
+                .map_err(|e| zk_error("read the semaphore's nodes", e))?
+        };
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        // A node that left between the reads is no longer there: skip it.
+        let entries: Vec<Option<QueueEntry>> = nodes
+            .into_iter()
+            .map(|result| match result {
+                MultiReadResult::Data { data, stat } => {
+                    let ms = now_ms.saturating_sub(stat.ctime).unsigned_abs();
+                    let token = FencingToken::new(stat.czxid.unsigned_abs());
+                    Some(QueueEntry::new(
+                        token,
+                        Owner::decode(&data),
+                        Some(Duration::from_millis(ms)),
+                    ))
+                }
+                _ => None,
+            })
+            .collect();
+        let tag = |child: &str| child.split('-').take(5).collect::<Vec<_>>().join("-");
+        let leased: Vec<String> = leases.iter().map(|c| tag(c)).collect();
+        let (lease_entries, gate_entries) = entries.split_at(leases.len().min(entries.len()));
+        let lease_entries: Vec<QueueEntry> = lease_entries.iter().flatten().cloned().collect();
+        let holding = count.map_or(lease_entries.len(), |n| {
+            lease_entries
+                .len()
+                .min(usize::try_from(n).unwrap_or(usize::MAX))
+        });
+        // A gate node whose uuid a lease has is that lease's contender, counted there.
+        let waiters = lease_entries[holding..]
+            .iter()
+            .cloned()
+            .chain(
+                gated
+                    .iter()
+                    .zip(gate_entries)
+                    .filter(|(child, _)| !leased.contains(&tag(child)))
+                    .filter_map(|(_, entry)| entry.clone()),
+            )
+            .collect();
+        let holders = lease_entries[..holding].to_vec();
+        let count = count.filter(|_| !lease_entries.is_empty());
+        Ok(LockStatus::from_permits(
+            name.clone(),
+            count,
+            holders,
+            waiters,
+        ))
+    }
+}
+
 impl Watched for Queues<'_> {
     type Item = LockStatus;
     type Seen = Seen;
