@@ -84,8 +84,13 @@ enum Command {
     /// Wait for lock NAME, run CMD while holding it, stop CMD if the lock is lost.
     #[command(after_help = exit::RUN_HELP)]
     Run {
-        /// The lock's name.
+        /// The lock's name (with --permits: the semaphore's).
         name: String,
+        /// Take one of N permits of semaphore NAME instead of the lock: at most N CMDs run at
+        /// once, across every host (like `consul lock -n N`). On ZooKeeper the semaphore is
+        /// Curator's InterProcessSemaphoreV2; every contender must give the same N.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+        permits: Option<u32>,
         #[command(flatten)]
         cmd: Supervised,
     },
@@ -127,8 +132,11 @@ enum Command {
         json: bool,
         /// Keep printing the status at each change of holder or queue until interrupted (the
         /// store's own watch: it survives reconnects and etcd compaction).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "permits")]
         watch: bool,
+        /// NAME is a semaphore (`run --permits`): show its permit holders and waiters.
+        #[arg(long)]
+        permits: bool,
     },
     /// Remove the current holder's entry of lock NAME, so the next contender proceeds.
     ///
@@ -234,12 +242,16 @@ fn main() -> ExitCode {
 async fn dispatch(cli: Cli) -> u8 {
     let name = |raw: &str| LockName::new(raw).map_err(|e| exit::report(&e));
     match cli.command {
-        Command::Run { name: raw, cmd } => match (name(&raw), required(cli.backend.as_deref())) {
+        Command::Run {
+            name: raw,
+            permits,
+            cmd,
+        } => match (name(&raw), required(cli.backend.as_deref())) {
             (Ok(name), Ok(url)) => {
                 if let Some(Err(code)) = cmd.metrics_listen.map(metrics::serve) {
                     return code;
                 }
-                let seek = (&name, run::Seek::Lock);
+                let seek = (&name, permits.map_or(run::Seek::Lock, run::Seek::Permit));
                 let url = cmd.url(url);
                 run::run(&url, seek, cmd.wait(), cmd.grace, &cmd.command).await
             }
@@ -272,9 +284,10 @@ async fn dispatch(cli: Cli) -> u8 {
             name: raw,
             json,
             watch,
+            permits,
         } => match (name(&raw), required(cli.backend.as_deref())) {
             (Ok(name), Ok(url)) if watch => run::watch(url, &name, json).await,
-            (Ok(name), Ok(url)) => run::status(url, &name, json).await,
+            (Ok(name), Ok(url)) => run::status(url, &name, json, permits).await,
             (Err(code), _) | (_, Err(code)) => code,
         },
         Command::Break { name: raw, yes } => match (name(&raw), required(cli.backend.as_deref())) {

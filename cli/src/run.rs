@@ -73,6 +73,8 @@ pub enum Seek {
     Lock,
     /// The leadership of the election, publishing this value (`fencelock elect`).
     Leadership(String),
+    /// One of this many permits of the semaphore (`fencelock run --permits`).
+    Permit(u32),
 }
 
 impl Seek {
@@ -84,6 +86,7 @@ impl Seek {
     ) -> fencelock::Result<fencelock::LockGuard> {
         match self {
             Seek::Lock => backend.acquire(name, wait).await,
+            Seek::Permit(permits) => backend.acquire_permit(name, *permits, wait).await,
             Seek::Leadership(value) => backend
                 .acquire_leadership(name, value.as_bytes(), wait)
                 .await
@@ -94,6 +97,7 @@ impl Seek {
     fn waiting(&self) -> &'static str {
         match self {
             Seek::Lock => "waiting for lock",
+            Seek::Permit(_) => "waiting for a permit of semaphore",
             Seek::Leadership(_) => "campaigning in election",
         }
     }
@@ -101,6 +105,7 @@ impl Seek {
     fn granted(&self) -> &'static str {
         match self {
             Seek::Lock => "acquired",
+            Seek::Permit(_) => "acquired a permit of",
             Seek::Leadership(_) => "elected leader of",
         }
     }
@@ -260,12 +265,17 @@ async fn sleep_until(at: Option<Instant>) {
     }
 }
 
-pub async fn status(url: &str, name: &LockName, json: bool) -> u8 {
+pub async fn status(url: &str, name: &LockName, json: bool, permits: bool) -> u8 {
     let backend = match connect(url).await {
         Ok(backend) => backend,
         Err(code) => return code,
     };
-    match backend.status(name).await {
+    let status = if permits {
+        backend.permit_status(name).await
+    } else {
+        backend.status(name).await
+    };
+    match status {
         Ok(status) => {
             println!("{}", describe(&status, json));
             0
@@ -331,6 +341,8 @@ fn to_json(status: &fencelock::LockStatus) -> serde_json::Value {
         "age_ms": millis(status.age),
         "owner": owner(&status.owner),
         "foreign": status.holder.is_some() && status.owner.is_none(),
+        "holders": status.holders,
+        "permits": status.permits,
         "queue": queue,
     })
 }
@@ -351,6 +363,26 @@ fn describe(status: &fencelock::LockStatus, json: bool) -> String {
     let Some(token) = status.holder else {
         return format!("{name}: free");
     };
+    if let Some(permits) = status.permits {
+        let mut out = format!(
+            "{name}: {} of {permits} permits held; {} waiting",
+            status.holders, status.waiting
+        );
+        for (i, entry) in status.queue.iter().enumerate() {
+            let role = if i < status.holders {
+                "holding"
+            } else {
+                "waiting"
+            };
+            out.push_str(&format!(
+                "\n  {role}: token {}{} ({})",
+                entry.token,
+                since(entry.age),
+                who(&entry.owner)
+            ));
+        }
+        return out;
+    }
     let mut out = format!(
         "{name}: held by token {token}{} ({}); {} waiting",
         since(status.age),

@@ -958,3 +958,83 @@ async fn run_serves_metrics_with_the_margin_left_and_the_loss_after_a_black_hole
     );
     assert_eq!(exit_code(child).await, 76);
 }
+
+/// `run --permits 2`: two commands run at once, a third waits (and a try exits 75), a count of
+/// 3 is refused (64), `status --permits` names holders and the waiter, and a killed holder's
+/// permit passes to the waiter.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_permits_runs_n_commands_at_once() {
+    for url in [etcd_url(), zk_url()] {
+        let dir = tmp_root().join(unique("permits"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut holders = Vec::new();
+        for i in 0..2 {
+            let started = dir.join(format!("started{i}"));
+            let script = format!("echo $$ > {}; sleep 30", started.display());
+            let label = format!("p{i}");
+            let holder = fencelock(&url, &["run", "--permits", "2", "--label", &label, "pool"])
+                .args(["--", "sh", "-c", &script])
+                .spawn()
+                .unwrap();
+            wait_for_file(&started).await;
+            holders.push(holder);
+        }
+        let tried = output(
+            &url,
+            &["run", "--permits", "2", "--try", "pool", "--", "true"],
+        )
+        .await;
+        assert_eq!(tried.status.code(), Some(75), "{}", text(&tried.stderr));
+        let other = output(
+            &url,
+            &["run", "--permits", "3", "--try", "pool", "--", "true"],
+        )
+        .await;
+        assert_eq!(other.status.code(), Some(64), "{}", text(&other.stderr));
+        assert!(
+            text(&other.stderr).contains("has 2 permits"),
+            "{}",
+            text(&other.stderr)
+        );
+        let ran = dir.join("ran");
+        let script = format!("echo $FENCELOCK_TOKEN > {}", ran.display());
+        let waiter = fencelock(&url, &["run", "--permits", "2", "--label", "w", "pool"])
+            .args(["--", "sh", "-c", &script])
+            .spawn()
+            .unwrap();
+        let mut seen = serde_json::Value::Null;
+        for _ in 0..100 {
+            let out = output(&url, &["status", "--permits", "pool", "--json"]).await;
+            seen = serde_json::from_slice(&out.stdout).unwrap();
+            if seen["waiting"] == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(
+            (&seen["holders"], &seen["permits"]),
+            (&2.into(), &2.into()),
+            "{seen}"
+        );
+        assert_eq!(seen["waiting"], 1, "{seen}");
+        let labels: Vec<&str> = (0..3)
+            .map(|i| seen["queue"][i]["owner"]["label"].as_str().unwrap_or("?"))
+            .collect();
+        assert_eq!(labels, ["p0", "p1", "w"], "{seen}");
+        let line = text(&output(&url, &["status", "--permits", "pool"]).await.stdout);
+        assert!(
+            line.starts_with("pool: 2 of 2 permits held; 1 waiting"),
+            "{line}"
+        );
+        assert!(
+            line.contains("\n  waiting: token ") && line.contains("(w pid "),
+            "{line}"
+        );
+        assert!(!ran.exists(), "the third command must wait");
+        drop(holders.remove(0)); // SIGKILL: its permit returns when its lease ends
+        let token = wait_for_file(&ran).await;
+        assert!(token.trim().parse::<u64>().is_ok_and(|t| t > 0), "{token}");
+        assert_eq!(exit_code(waiter).await, 0);
+        drop(holders);
+    }
+}
