@@ -67,6 +67,39 @@
 //! | held-key watch (whole session) | 1 Watch stream; 1 message per grant, 1 per release |
 //! | renewal (whole session) | 1 LeaseKeepAlive message per TTL/3 |
 //!
+//! # Semaphores
+//! etcd has no standard semaphore; this one is built in the spirit of Go's Mutex, from two of
+//! its pieces, and this is its one description (requests in `src/semaphore.rs`). Semaphore `N`
+//! with `k` permits under prefix `P`:
+//! - **gate**: a Go Mutex at `P N /locks/` (keys `P N /locks/ <lease hex>`), taken exactly as a
+//!   lock is, above. Its holder is the one contender being admitted; the others wait in the
+//!   gate's queue, each on its predecessor, in arrival order.
+//! - **permit keys** `P N /leases/ <lease hex> - <gate key's create revision, hex>`, unique to
+//!   the attempt, with the session's lease and the value `permits=<k> <millis>-<nonce> <owner>`.
+//!   The gate's holder sends one Txn `If create_revision(gate key) == its own, create_revision(
+//!   permit key) == 0 Then Put(permit key), Range(P N /leases/)`: at most `k` keys, ours
+//!   included, admits us (Curator's rule); a key whose value carries another count refuses us
+//!   with `PermitsMismatch` (both our keys withdrawn before the error returns). Otherwise the
+//!   gate's holder watches `P N /leases/` for deletes (from "now"), counts again once the watch
+//!   exists, and again after each delete, each count a Txn that holds only while the gate key
+//!   and the permit key are still ours. Admitted, it deletes its gate key; the next contender in
+//!   the gate goes on. Only the gate's holder watches the permits, so a release wakes one
+//!   process: a handoff costs the release's delete, one count, one gate delete and the next
+//!   gate holder's grant, whatever the number of permits or contenders.
+//! - **token**: the revision of the count that admitted us: admissions are one at a time, so
+//!   tokens grow with each grant, and each permit's is its own.
+//! - **held**: the permit key, with a lock's release, fenced state and held-key watch. The count
+//!   is stored in every permit key and so lives exactly as long as some permit does: once no one
+//!   holds or waits, the next contender sets it anew.
+//! - A semaphore and a lock of the same name overlap (`P N /` covers both): give them different
+//!   names.
+//!
+//! | operation | requests |
+//! |---|---|
+//! | uncontended permit | the gate's acquire (1 Txn) + 1 Txn (put and count) + 1 Txn (gate delete) |
+//! | waiting for a permit (gate holder) | per release: 1 Watch + 1 Txn count |
+//! | release | 1 Txn |
+//!
 //! # Loss
 //! The session's lease is renewed every TTL/3 by the backend itself (etcd-client has no timer
 //! and no reconnect). Each renewal moves the local deadline to *send time + TTL - margin*; when
