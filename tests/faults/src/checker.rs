@@ -132,6 +132,49 @@ pub fn check(log: &[Event]) -> Report {
     report
 }
 
+/// How many held at once, by the holders' own beliefs (grant to release or loss).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Holders {
+    /// The most beliefs open at one moment.
+    pub most: usize,
+    /// The longest spell with more than `permits` beliefs open: a grant before an earlier
+    /// holder heard its loss. Expected for a paused holder (it cannot hear it); for the
+    /// others it must stay within about a round trip.
+    pub longest_excess: Duration,
+    /// All such spells together.
+    pub total_excess: Duration,
+}
+
+/// Sweeps the beliefs of a history (a semaphore's, with `permits` permits).
+pub fn holders(log: &[Event], permits: usize) -> Holders {
+    let mut open: HashMap<(u32, u64), ()> = HashMap::new();
+    let mut out = Holders::default();
+    let mut excess_since: Option<Duration> = None;
+    for event in log {
+        let key = (event.pid, event.token);
+        match event.kind {
+            Kind::Acquired => drop(open.insert(key, ())),
+            Kind::Lost | Kind::Released => drop(open.remove(&key)),
+            _ => continue,
+        }
+        out.most = out.most.max(open.len());
+        match (open.len() > permits, excess_since) {
+            (true, None) => excess_since = Some(event.at),
+            (false, Some(since)) => {
+                out.longest_excess = out.longest_excess.max(event.at - since);
+                out.total_excess += event.at - since;
+                excess_since = None;
+            }
+            _ => {}
+        }
+    }
+    if let (Some(since), Some(last)) = (excess_since, log.last()) {
+        out.longest_excess = out.longest_excess.max(last.at - since);
+        out.total_excess += last.at - since;
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -213,6 +256,27 @@ mod tests {
             ),
             (1, 1, 1)
         );
+    }
+
+    #[test]
+    fn three_beliefs_of_two_permits_count_as_excess_while_they_last() {
+        let log = [
+            at(0, 1, 5, Kind::Acquired),
+            at(1, 2, 6, Kind::Acquired),
+            at(10, 3, 7, Kind::Acquired), // 1 is paused: its loss comes at 40 ms
+            at(20, 2, 6, Kind::Released),
+            at(30, 2, 8, Kind::Acquired),
+            at(40, 1, 5, Kind::Lost),
+        ];
+        assert_eq!(
+            holders(&log, 2),
+            Holders {
+                most: 3,
+                longest_excess: Duration::from_millis(10),
+                total_excess: Duration::from_millis(20),
+            }
+        );
+        assert_eq!(holders(&log, 3).longest_excess, Duration::ZERO);
     }
 
     #[test]

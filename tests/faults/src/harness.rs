@@ -27,13 +27,19 @@ pub enum Primitive {
     Lock,
     /// An election: each critical section is one leadership, its term the token.
     Election,
+    /// A semaphore of [`PERMITS`] permits: each critical section is one permit.
+    Semaphore,
 }
+
+/// The permits of [`Primitive::Semaphore`].
+pub const PERMITS: u32 = 2;
 
 impl Primitive {
     fn arg(self) -> &'static str {
         match self {
             Primitive::Lock => "lock",
             Primitive::Election => "elect",
+            Primitive::Semaphore => "permits",
         }
     }
 }

@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use fencelock_faults::{Backend, Fault, Harness, Primitive, Report, Schedule};
+use fencelock_faults::{holders, Backend, Fault, Harness, Primitive, Report, Schedule, PERMITS};
 use tokio::sync::Mutex;
 
 /// One backend at a time: the machine has two cores, and the suite measures behaviour under
@@ -203,4 +203,56 @@ async fn etcd_with_a_stalled_leader() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zookeeper_with_a_stalled_leader() {
     stalled_leader(Backend::ZooKeeper).await;
+}
+
+/// A semaphore of two permits under the faults that do not pause a holder (partition, leader
+/// kill, ZooKeeper's lost replies and follower partition, a stalled leader): never more than two
+/// holders at once by their own beliefs, beyond about a round trip where the store removes an
+/// entry before its holder hears; both permits in use at times; the work goes on. The control
+/// run pauses a holder, which cannot hear its loss: there a third holder must show, or the check
+/// could not fail. (Writes go to one register, which N holders share by design: the fenced
+/// register of the lock runs does not apply, so these runs are not fenced.)
+async fn semaphore(backend: Backend) {
+    let _serial = SERIAL.lock().await;
+    let faults = Schedule::fixed(&[
+        Fault::Partition,
+        Fault::Kill,
+        Fault::LostReplies,
+        Fault::FollowerPartition,
+        Fault::StallLeader,
+    ]);
+    let pool = (backend, Primitive::Semaphore);
+    let (report, log, applied) = history(pool, false, &[faults]).await;
+    let seen = holders(&log, PERMITS as usize);
+    let (control_report, control_log, control_applied) = history(pool, false, &[pauses()]).await;
+    let control = holders(&control_log, PERMITS as usize);
+    eprintln!(
+        "\n| {backend:?} semaphore ({PERMITS} permits) | faults | permits granted | holders lost | most holders at once | time above {PERMITS} (longest spell) |\n|---|---|---|---|---|---|\n| faults | {applied:?} | {} | {} | {} | {:?} ({:?}) |\n| control, a paused holder | {control_applied:?} | {} | {} | {} | {:?} ({:?}) |\n",
+        report.critical_sections, report.lost, seen.most, seen.total_excess, seen.longest_excess,
+        control_report.critical_sections, control_report.lost, control.most, control.total_excess, control.longest_excess,
+    );
+    assert!(
+        seen.total_excess < Duration::from_millis(500),
+        "{backend:?}: a permit was granted long before its last holder heard its loss: {seen:?}\nlog: {log:?}"
+    );
+    assert_eq!(
+        seen.most.min(PERMITS as usize),
+        PERMITS as usize,
+        "{backend:?}: both permits must be in use at times: {seen:?}"
+    );
+    assert!(report.critical_sections > 10, "{backend:?}: {report:?}");
+    assert!(
+        control.total_excess > Duration::from_millis(500),
+        "{backend:?}: a paused holder believes past its loss, so the check must see a third holder: {control:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_semaphore_under_faults() {
+    semaphore(Backend::Etcd).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_semaphore_under_faults() {
+    semaphore(Backend::ZooKeeper).await;
 }

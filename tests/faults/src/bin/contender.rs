@@ -5,7 +5,10 @@
 //! With MODE `elect`, each critical section is a leadership of the election LOCK_NAME instead,
 //! its term the token, given up with `resign`.
 //!
-//! Usage: contender BACKEND_URL LOCK_NAME REGISTER_ADDR STEP_MILLIS [lock|elect]
+//! With MODE `permits`, each critical section is one of `fencelock_faults::PERMITS` permits of
+//! the semaphore LOCK_NAME.
+//!
+//! Usage: contender BACKEND_URL LOCK_NAME REGISTER_ADDR STEP_MILLIS [lock|elect|permits]
 #![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test process: a panic is its report
 
@@ -41,7 +44,7 @@ async fn main() {
         &args[3],
         Duration::from_millis(args[4].parse().unwrap()),
     );
-    let elect = args.get(5).is_some_and(|m| m == "elect");
+    let mode = args.get(5).map_or("lock", String::as_str);
     let pid = std::process::id();
     let backend = fencelock_connect::connect(url)
         .await
@@ -56,7 +59,7 @@ async fn main() {
     };
     // Bounded: the harness stops every contender long before this many critical sections.
     for _ in 0..100_000 {
-        let guard = match next_section(backend.as_ref(), name, elect, pid).await {
+        let guard = match next_section(backend.as_ref(), name, mode, pid).await {
             Ok(guard) => guard,
             Err(e) => {
                 eprintln!("contender {pid}: acquire failed: {e}");
@@ -118,18 +121,22 @@ async fn main() {
 async fn next_section(
     backend: &dyn LockBackend,
     name: &str,
-    elect: bool,
+    mode: &str,
     pid: u32,
 ) -> fencelock::Result<LockGuard> {
-    if !elect {
-        return backend.lock_timeout(name, Duration::from_secs(30)).await;
+    let limit = Wait::Timeout(Duration::from_secs(30));
+    match mode {
+        "elect" => {}
+        "permits" => {
+            let name = LockName::new(name)?;
+            return backend
+                .acquire_permit(&name, fencelock_faults::PERMITS, limit)
+                .await;
+        }
+        _ => return backend.lock_timeout(name, Duration::from_secs(30)).await,
     }
     let leadership = backend
-        .acquire_leadership(
-            &LockName::new(name)?,
-            pid.to_string().as_bytes(),
-            Wait::Timeout(Duration::from_secs(30)),
-        )
+        .acquire_leadership(&LockName::new(name)?, pid.to_string().as_bytes(), limit)
         .await?;
     Ok(leadership.into_guard())
 }
