@@ -191,6 +191,29 @@ pub trait LockBackend: Send + Sync + fmt::Debug {
         })
     }
 
+    /// Acquires the reader-writer lock `name` for `access` under `wait`: readers share it, a
+    /// writer holds it alone, in arrival order (see [`RwLock`](crate::RwLock) for the policy
+    /// and what the tokens mean). Each guard is a [`LockGuard`] with a lock's guarantees. The
+    /// default says the backend does not support reader-writer locks.
+    ///
+    /// # Errors
+    /// As [`acquire`](LockBackend::acquire); [`Error::Unsupported`] by default.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: dropping the future withdraws the attempt's entry, as for `acquire`.
+    async fn acquire_rw(
+        &self,
+        name: &LockName,
+        access: crate::Access,
+        wait: Wait,
+    ) -> Result<LockGuard> {
+        let _ = (name, access, wait);
+        Err(Error::Unsupported {
+            backend: self.kind(),
+            what: "reader-writer locks",
+        })
+    }
+
     /// The permit holders and waiters of the semaphore `name`, as the store sees them now (for
     /// operators: `fencelock status --permits`): [`LockStatus::holders`] entries of the queue
     /// hold a permit, the rest wait, and [`LockStatus::permits`] is the stored count. The

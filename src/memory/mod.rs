@@ -20,8 +20,8 @@ use crate::raw::{
     Watched,
 };
 use crate::{
-    Error, FencingToken, Leader, Leadership, LockGuard, LockName, LockStatus, Owner, Result,
-    StateKey,
+    Access, Error, FencingToken, Leader, Leadership, LockGuard, LockName, LockStatus, Owner,
+    Result, StateKey,
 };
 
 const KIND: &str = "memory";
@@ -195,7 +195,7 @@ impl MemoryBackend {
         &self,
         name: &LockName,
         value: &[u8],
-        permits: Option<u32>,
+        (permits, access): (Option<u32>, Option<Access>),
         wait: Wait,
     ) -> Result<LockGuard> {
         wait.limit(KIND, name, async {
@@ -208,7 +208,7 @@ impl MemoryBackend {
                     session.id,
                     value,
                     &self.config.owner,
-                    permits,
+                    (permits, access),
                 )
                 .map_err(|refused| match (refused, permits) {
                     (Refused::Permits(stored), Some(asked)) => {
@@ -366,7 +366,7 @@ impl LockBackend for MemoryBackend {
     }
 
     async fn acquire(&self, name: &LockName, wait: Wait) -> Result<LockGuard> {
-        self.acquire_entry(name, b"", None, wait).await
+        self.acquire_entry(name, b"", (None, None), wait).await
     }
 
     async fn acquire_leadership(
@@ -375,7 +375,7 @@ impl LockBackend for MemoryBackend {
         value: &[u8],
         wait: Wait,
     ) -> Result<Leadership> {
-        let guard = self.acquire_entry(name, value, None, wait).await?;
+        let guard = self.acquire_entry(name, value, (None, None), wait).await?;
         Ok(Leadership::new(guard, value.to_vec()))
     }
 
@@ -397,7 +397,13 @@ impl LockBackend for MemoryBackend {
 
     async fn acquire_permit(&self, name: &LockName, permits: u32, wait: Wait) -> Result<LockGuard> {
         crate::raw::check_permits(permits)?;
-        self.acquire_entry(name, b"", Some(permits), wait).await
+        self.acquire_entry(name, b"", (Some(permits), None), wait)
+            .await
+    }
+
+    async fn acquire_rw(&self, name: &LockName, access: Access, wait: Wait) -> Result<LockGuard> {
+        self.acquire_entry(name, b"", (None, Some(access)), wait)
+            .await
     }
 
     async fn permit_status(&self, name: &LockName) -> Result<LockStatus> {

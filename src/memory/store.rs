@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
-use crate::{FencingToken, LockName, LockStatus, Owner, QueueEntry, StateKey};
+use crate::{Access, FencingToken, LockName, LockStatus, Owner, QueueEntry, StateKey};
 
 /// A shared in-memory lock store: what an etcd cluster is to the etcd backend.
 ///
@@ -65,6 +65,8 @@ struct Entry {
     /// An election candidate's published value (empty for locks).
     value: Vec<u8>,
     owner: Owner,
+    /// A reader-writer lock's entry: what it asked for (`None` for a lock's entry).
+    access: Option<Access>,
 }
 
 /// Why [`MemoryStore::enqueue`] queued nothing.
@@ -190,7 +192,7 @@ impl MemoryStore {
         session: u64,
         value: &[u8],
         owner: &Owner,
-        permits: Option<u32>,
+        (permits, access): (Option<u32>, Option<Access>),
     ) -> Result<u64, Refused> {
         let mut state = self.state();
         if !state.sessions.contains_key(&session) {
@@ -216,6 +218,7 @@ impl MemoryStore {
                 wake: Arc::new(Notify::new()),
                 value: value.to_vec(),
                 owner: owner.clone(),
+                access,
             });
         state.changes.bump();
         Ok(token)
@@ -228,7 +231,7 @@ impl MemoryStore {
         };
         match queue.iter().position(|e| e.token == token) {
             None => Position::Gone,
-            Some(i) if i < state.admits(name) => Position::Holder {
+            Some(i) if state.holds(queue, name, i) => Position::Holder {
                 checkpoint: state
                     .values
                     .get(&(name.to_owned(), StateKey::checkpoint().as_str().to_owned()))
@@ -307,15 +310,29 @@ impl MemoryStore {
     ) -> Option<T> {
         let mut state = self.state();
         let holds = state.queues.get(name).is_some_and(|q| {
-            q.iter()
-                .take(state.admits(name))
-                .any(|e| e.token == token && state.sessions.contains_key(&e.session))
+            q.iter().enumerate().any(|(i, e)| {
+                e.token == token
+                    && state.sessions.contains_key(&e.session)
+                    && state.holds(q, name, i)
+            })
         });
         holds.then(|| op(&mut state.values))
     }
 }
 
 impl State {
+    /// Whether entry `i` of `name`'s queue holds: one of a semaphore's first N, a reader with
+    /// only readers ahead, or the front entry.
+    fn holds(&self, queue: &VecDeque<Entry>, name: &str, i: usize) -> bool {
+        if self.permits.contains_key(name) {
+            return i < self.admits(name);
+        }
+        match queue.get(i).and_then(|e| e.access) {
+            Some(Access::Read) => queue.iter().take(i).all(|e| e.access == Some(Access::Read)),
+            _ => i == 0,
+        }
+    }
+
     /// How many entries at the front of `name`'s queue hold.
     fn admits(&self, name: &str) -> usize {
         self.permits
@@ -342,6 +359,10 @@ impl State {
         let woken = if i < admits { admits - 1 } else { i };
         if let Some(next) = queue.get(woken) {
             next.wake.notify_one();
+        }
+        // A reader-writer queue: a writer that left may let a whole run of readers in.
+        for entry in queue.iter().take_while(|e| e.access == Some(Access::Read)) {
+            entry.wake.notify_one();
         }
         if queue.is_empty() {
             self.queues.remove(name);

@@ -29,6 +29,7 @@
 mod checks;
 mod election;
 mod faults;
+mod rwlock;
 mod semaphore;
 mod watch;
 
@@ -40,6 +41,7 @@ use async_trait::async_trait;
 pub use checks::*;
 pub use election::*;
 pub use faults::{cut_off_holder, observe_across_a_gap};
+pub use rwlock::*;
 pub use semaphore::*;
 pub use watch::*;
 
@@ -127,7 +129,10 @@ macro_rules! conformance_tests {
             watch_sees_acquire_handoff_and_release,
             semaphore_admits_at_most_n, semaphore_lost_permit_returns,
             semaphore_cancelled_acquire_leaves_nothing, semaphore_mismatched_count_refused,
-            semaphore_fifo_and_status);
+            semaphore_fifo_and_status,
+            rw_readers_share_writers_exclude, rw_waiting_writer_holds_back_later_readers,
+            rw_lost_reader_lets_the_writer_in,
+            rw_cancelled_acquires_leave_nothing_and_writers_stay_alone);
     };
     (@each $factory:expr; $($check:ident),* $(,)?) => {
         $(
@@ -150,6 +155,7 @@ mod tests {
             include_str!("election.rs"),
             include_str!("watch.rs"),
             include_str!("semaphore.rs"),
+            include_str!("rwlock.rs"),
         ]
         .concat();
         let mut defined: Vec<&str> = checks
