@@ -64,6 +64,9 @@ pub enum Entry<'a> {
     /// An election candidate's entry, with the value it publishes
     /// ([`LockBackend::acquire_leadership`](crate::LockBackend::acquire_leadership)).
     Candidate(&'a [u8]),
+    /// A reader's or a writer's entry of a reader-writer lock
+    /// ([`LockBackend::acquire_rw`](crate::LockBackend::acquire_rw)).
+    Rw(crate::Access),
 }
 
 /// Checks a TTL (or session timeout) and its safety margin: the margin must be below a third

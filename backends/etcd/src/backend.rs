@@ -6,8 +6,8 @@ use async_trait::async_trait;
 use etcd_client::{Client, GetOptions, SortOrder, SortTarget};
 use fencelock::raw::{observe_leader, watch_queue, Enqueued, Entry, Grant, SessionSlot, Watched};
 use fencelock::{
-    Error, FencingToken, Leader, Leadership, LockBackend, LockGuard, LockName, LockStatus, Result,
-    Wait,
+    Access, Error, FencingToken, Leader, Leadership, LockBackend, LockGuard, LockName, LockStatus,
+    Result, Wait,
 };
 use futures::stream::BoxStream;
 
@@ -138,20 +138,26 @@ impl EtcdBackend {
         let session = self.session().await?;
         let limit = self.config.request_timeout;
         session.withdrawals.settled(name, limit).await;
-        let queue = session.local_queue(name);
-        let turn = if try_once {
-            queue
-                .try_lock_owned()
-                .map_err(|_| Error::would_block(name))?
-        } else {
-            session
-                .local_turn(queue)
-                .await
-                .ok_or_else(|| Error::lost(name))?
+        let turn = match entry {
+            // Its key is unique to the attempt: readers of one instance share the lock.
+            Entry::Rw(_) => None,
+            Entry::Lock | Entry::Candidate(_) => {
+                let queue = session.local_queue(name);
+                Some(if try_once {
+                    queue
+                        .try_lock_owned()
+                        .map_err(|_| Error::would_block(name))?
+                } else {
+                    session
+                        .local_turn(queue)
+                        .await
+                        .ok_or_else(|| Error::lost(name))?
+                })
+            }
         };
         let at = at(session.lease);
         let (value, unique) = match entry {
-            Entry::Lock => {
+            Entry::Lock | Entry::Rw(_) => {
                 let value = mutex::attempt_value(&self.config.owner);
                 (value.clone().into_bytes(), Some(value))
             }
@@ -228,9 +234,11 @@ impl EtcdBackend {
         try_once: bool,
         entry: Entry<'_>,
     ) -> Result<LockGuard> {
+        let nonce = mutex::nonce();
         let front = self
-            .enter(name, try_once, entry, |lease| {
-                self.keys.lock_queue(name, lease)
+            .enter(name, try_once, entry, |lease| match entry {
+                Entry::Rw(access) => self.keys.rw_queue(name, access, lease, nonce),
+                Entry::Lock | Entry::Candidate(_) => self.keys.lock_queue(name, lease),
             })
             .await?;
         let Front {
@@ -250,7 +258,7 @@ impl EtcdBackend {
         // in create order. A lock's token is the grant revision, as etcdctl's.
         let token = FencingToken::new(
             match entry {
-                Entry::Lock => granted.token,
+                Entry::Lock | Entry::Rw(_) => granted.token,
                 Entry::Candidate(_) => queued.created,
             }
             .unsigned_abs(),
@@ -268,7 +276,7 @@ impl EtcdBackend {
             ttl: self.config.ttl,
             lease: session.lease,
             _session: Arc::clone(&session),
-            _turn: Some(unqueue.turn),
+            _turn: unqueue.turn,
         };
         let (guard, trigger) = Grant {
             backend: KIND,
@@ -460,6 +468,17 @@ impl LockBackend for EtcdBackend {
         .await
     }
 
+    async fn acquire_rw(&self, name: &LockName, access: Access, wait: Wait) -> Result<LockGuard> {
+        let (try_once, entry) = (wait == Wait::Try, Entry::Rw(access));
+        wait.limit(KIND, name, async {
+            match self.acquire_once(name, try_once, entry).await {
+                Err(e) if crate::lease_gone(&e) => self.acquire_once(name, try_once, entry).await,
+                outcome => outcome,
+            }
+        })
+        .await
+    }
+
     async fn permit_status(&self, name: &LockName) -> Result<LockStatus> {
         Queues(self.elections()).permits_at(name).await
     }
@@ -619,7 +638,7 @@ mod tests {
             key: b.keys.lock_key(&name, session.lease),
             value: Some(value),
             limit: LIMIT,
-            turn,
+            turn: Some(turn),
         };
         late.withdraw(Some(&queued)).await.unwrap();
 

@@ -4,10 +4,12 @@
 //!   Go's `concurrency.NewMutex(session, P+N)` and `etcdctl lock P+N` write them;
 //! - semaphore `N`: a gate, which is a Go Mutex at `P N "/locks/"`, and permit keys
 //!   `P N "/leases/" <lease hex> "-" <gate key's create revision, hex>`;
+//! - reader-writer lock `N`: a reader's key `P N "/read/" <lease hex> "-" <nonce hex>`, a
+//!   writer's `P N "/write/" ...` (the layout of etcd's `recipes.RWMutex`), one key per attempt;
 //! - fenced state of lock `N`: `P ".state/" N "/" <key>`. Lock names never start with `.`, so no
 //!   contender's prefix scan (`P N "/"`) can ever see a state key.
 
-use fencelock::{LockName, StateKey};
+use fencelock::{Access, LockName, StateKey};
 
 /// Where one queue lives: the key a contender writes, the range it scans, and the checkpoint
 /// its grant reads.
@@ -70,6 +72,31 @@ impl Keys {
         format!("{}{lease:x}-{gate:x}", self.permits_prefix(name))
     }
 
+    /// Where an entry of the reader-writer lock `name` lives: a key of its own, unique to the
+    /// attempt (`nonce`), at `P N /read/` or `P N /write/` as in etcd's `recipes.RWMutex`. A
+    /// reader scans `P N /write/` for writers ahead of it; a writer scans all of `P N /`.
+    pub(crate) fn rw_queue(
+        &self,
+        name: &LockName,
+        access: Access,
+        lease: i64,
+        nonce: u64,
+    ) -> QueueAt {
+        let lock = self.lock_prefix(name);
+        let side = match access {
+            Access::Read => "read/",
+            Access::Write => "write/",
+        };
+        QueueAt {
+            key: format!("{lock}{side}{lease:x}-{nonce:016x}"),
+            prefix: match access {
+                Access::Read => format!("{lock}write/"),
+                Access::Write => lock,
+            },
+            checkpoint: self.state_key(name, &StateKey::checkpoint()),
+        }
+    }
+
     pub(crate) fn state_key(&self, name: &LockName, key: &StateKey) -> String {
         format!("{}.state/{}/{}", self.prefix, name, key)
     }
@@ -91,6 +118,12 @@ mod tests {
             keys.state_key(&name, &StateKey::checkpoint()),
             "fencelock/.state/jobs/__checkpoint"
         );
+        let reader = keys.rw_queue(&name, Access::Read, 0x69, 0xab);
+        assert_eq!(reader.key, "fencelock/jobs/read/69-00000000000000ab");
+        assert_eq!(reader.prefix, "fencelock/jobs/write/");
+        let writer = keys.rw_queue(&name, Access::Write, 0x69, 0xab);
+        assert_eq!(writer.key, "fencelock/jobs/write/69-00000000000000ab");
+        assert_eq!(writer.prefix, keys.lock_prefix(&name));
         // No state key falls in any lock's scan range.
         assert!(!keys
             .state_key(&name, &StateKey::checkpoint())

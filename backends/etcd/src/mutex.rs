@@ -73,29 +73,39 @@ pub(crate) async fn enqueue(
         }
         // Fail closed: a reply without its revision or its owner Range grants nothing.
         let created = revision(&resp, "enqueue for the lock")?;
-        let owner = match resp.op_responses().into_iter().nth(1) {
+        // A reader's scan range holds only writers; everyone else's holds their own key too.
+        let ours_scanned = key.starts_with(prefix.as_str());
+        let first = match resp.op_responses().into_iter().nth(1) {
             Some(TxnOpResponse::Get(range)) => {
-                // The Range counts every key under the prefix, ours included, in the same
-                // transaction as our put: the queue ahead of us, exactly.
-                let ahead = usize::try_from(range.count().saturating_sub(1)).unwrap_or(0);
+                // The Range counts every key under the prefix (ours included, if it is there)
+                // in the same transaction as our put: the queue ahead of us, exactly.
+                let ahead = range.count().saturating_sub(i64::from(ours_scanned));
+                let ahead = usize::try_from(ahead).unwrap_or(0);
                 fencelock::telemetry::record_queue_ahead(crate::KIND, ahead);
-                range.kvs().first().map(|kv| kv.create_revision())
+                Some(range.kvs().first().map(|kv| kv.create_revision()))
             }
             _ => None,
         };
-        let Some(owner) = owner else {
-            return Err(Error::protocol(
-                crate::KIND,
-                format!(
-                    "enqueue for lock `{name}`: the reply has no owner key (ours was just put)"
-                ),
-            ));
+        // Fail closed: no Range, or a Range without the key just put, grants nothing. Ours is
+        // the newest key, so the first one is ours exactly when no one is ahead; a reader with
+        // no writer in its range has no one ahead.
+        let owner = match first {
+            Some(Some(first)) => first == created,
+            Some(None) if !ours_scanned => true,
+            _ => {
+                return Err(Error::protocol(
+                    crate::KIND,
+                    format!(
+                        "enqueue for lock `{name}`: the reply has no owner key (ours was just put)"
+                    ),
+                ))
+            }
         };
         let checkpoint = first_kv(&resp, 2).map(|(_, value)| value);
         return Ok(Queued {
             key,
             created,
-            owner: owner == created,
+            owner,
             checkpoint,
         });
     }
@@ -274,7 +284,9 @@ pub(crate) struct Unqueue {
     /// ([`attempt_value`]); `None` for a candidate.
     pub(crate) value: Option<String>,
     pub(crate) limit: Duration,
-    pub(crate) turn: OwnedMutexGuard<()>,
+    /// This session's turn on the name (`None` for an entry whose key is unique to the attempt,
+    /// which needs none).
+    pub(crate) turn: Option<OwnedMutexGuard<()>>,
 }
 
 impl Withdraw<Queued> for Unqueue {
@@ -413,15 +425,15 @@ fn revision(resp: &TxnResponse, what: &str) -> Result<i64> {
 /// know the key's create revision; the owner says who queued ([`Owner::encode`]). Go's Mutex
 /// and etcdctl ignore the value; the key's put carries it, so it costs no request.
 pub(crate) fn attempt_value(owner: &Owner) -> String {
+    format!("{}-{:016x} {}", unix_millis(), nonce(), owner.encode())
+}
+
+/// A number no other attempt of this process (or, with overwhelming odds, any other) draws.
+pub(crate) fn nonce() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     let mut nonce = std::collections::hash_map::RandomState::new().build_hasher();
     nonce.write_u128(unix_millis());
-    format!(
-        "{}-{:016x} {}",
-        unix_millis(),
-        nonce.finish(),
-        owner.encode()
-    )
+    nonce.finish()
 }
 
 /// The millis part of a value written by [`attempt_value`] (or by older versions: millis only).

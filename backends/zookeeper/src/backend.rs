@@ -7,8 +7,8 @@ use std::sync::atomic::AtomicI32;
 
 use fencelock::raw::{observe_leader, watch_queue, Enqueued, Entry, Grant, SessionSlot, Watched};
 use fencelock::{
-    Error, FencingToken, Leader, Leadership, LockBackend, LockGuard, LockName, LockStatus, Result,
-    StateKey, Wait,
+    Access, Error, FencingToken, Leader, Leadership, LockBackend, LockGuard, LockName, LockStatus,
+    Result, StateKey, Wait,
 };
 use futures::stream::BoxStream;
 use zookeeper_client::{Acls, CreateMode, MultiReadResult};
@@ -136,6 +136,8 @@ impl ZkBackend {
         let (recipe, data) = match entry {
             Entry::Lock => (Recipe::Mutex, owner.as_bytes()),
             Entry::Candidate(value) => (Recipe::Latch, value),
+            Entry::Rw(Access::Read) => (Recipe::Read, owner.as_bytes()),
+            Entry::Rw(Access::Write) => (Recipe::Write, owner.as_bytes()),
         };
         let session = self.session().await?;
         let limit = self.config.request_timeout;
@@ -168,8 +170,15 @@ impl ZkBackend {
             self.paths.lock_dir(name),
             self.paths.state(name, &StateKey::checkpoint()),
         );
-        let checkpoint =
-            mutex::wait_turn(&session, (&dir, &checkpoint), name, node, try_once, limit).await?;
+        let checkpoint = mutex::wait_turn(
+            &session,
+            (&dir, &checkpoint),
+            name,
+            (node, recipe),
+            try_once,
+            limit,
+        )
+        .await?;
         let (_, Some(node)) = pending.disarm() else {
             return Err(Error::internal(KIND, "a granted acquire lost its node"));
         };
@@ -265,7 +274,7 @@ impl ZkBackend {
             &session,
             (&gate_dir, &checkpoint),
             name,
-            gate_node,
+            (gate_node, Recipe::Mutex),
             try_once,
             limit,
         )
@@ -355,6 +364,16 @@ impl LockBackend for ZkBackend {
             KIND,
             name,
             self.acquire_permit_once(name, permits, wait == Wait::Try),
+        )
+        .await
+    }
+
+    async fn acquire_rw(&self, name: &LockName, access: Access, wait: Wait) -> Result<LockGuard> {
+        check_name(name)?;
+        wait.limit(
+            KIND,
+            name,
+            self.acquire_once(name, wait == Wait::Try, Entry::Rw(access)),
         )
         .await
     }

@@ -11,6 +11,10 @@
 //! 3. otherwise watch only the predecessor (`getData` with a watch) and go to 2 when it fires.
 //!
 //! Uncontended: one create and one multi-read. Release: one delete of our path with version 0.
+//!
+//! A reader-writer lock (Curator's `InterProcessReadWriteLock`) is the same flow on one path
+//! whose nodes are `_c_<uuid>-__READ__<seq>` and `_c_<uuid>-__WRITE__<seq>`: a writer is granted
+//! as a lock's contender (first of all), a reader when no writer is ahead of it.
 
 use std::time::Duration;
 
@@ -18,7 +22,7 @@ use fencelock::raw::{Live, Withdraw};
 use fencelock::{Error, LockName, Result};
 use zookeeper_client::{Acls, Client, CreateMode, MultiReadResult};
 
-use crate::paths::{check_no_wrap, node_tag, sort_key, Recipe};
+use crate::paths::{check_no_wrap, node_tag, sort_key, Recipe, WRITE_NAME};
 use crate::session::ZkSession;
 use crate::zk_error;
 
@@ -157,12 +161,13 @@ async fn find(client: &Client, dir: &str, tag: &str, limit: Duration) -> Result<
     Ok(kept)
 }
 
-/// Waits until our node is first; returns the checkpoint read in the same request.
+/// Waits until no node ahead of ours blocks it (for a lock or a writer: until ours is first;
+/// for a reader: until no writer is ahead); returns the checkpoint read in the same request.
 pub(crate) async fn wait_turn(
     session: &ZkSession,
     (dir, checkpoint): (&str, &str),
     name: &LockName,
-    node: &Node,
+    (node, recipe): (&Node, Recipe),
     try_once: bool,
     limit: Duration,
 ) -> Result<Option<Vec<u8>>> {
@@ -226,13 +231,13 @@ pub(crate) async fn wait_turn(
         if std::mem::take(&mut first_look) {
             fencelock::telemetry::record_queue_ahead(crate::KIND, position);
         }
-        if position == 0 {
+        let Some(blocker) = blocker(&children[..position], recipe) else {
             return Ok(saved);
-        }
+        };
         if try_once {
             return Err(Error::would_block(name));
         }
-        let predecessor = format!("{dir}/{}", children[position - 1]);
+        let predecessor = format!("{dir}/{blocker}");
         // Bounded by the request limit and by `lost` (review F11): a request made while
         // disconnected waits inside the client until it reconnects.
         let watched = tokio::select! {
@@ -252,6 +257,18 @@ pub(crate) async fn wait_turn(
             }
             Err(_) => pause_or_lost(&mut backoff, session, name).await?,
         }
+    }
+}
+
+/// Of the nodes `ahead` of ours (in order), the one whose change we wait for, or `None` when
+/// none blocks us. A lock's or a writer's: the one just ahead (Curator's
+/// `StandardLockInternalsDriver`). A reader's: the nearest writer ahead, if any: Curator's
+/// `readLockPredicate` grants the same way, though it watches the *first* writer ahead; the
+/// nearest one spares the readers behind a second writer a wake-up when the first leaves.
+fn blocker(ahead: &[String], recipe: Recipe) -> Option<&String> {
+    match recipe {
+        Recipe::Read => ahead.iter().rev().find(|c| c.contains(WRITE_NAME)),
+        _ => ahead.last(),
     }
 }
 
@@ -441,4 +458,32 @@ async fn watch_once(
         }
     };
     Some(event.event_type)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reader_waits_only_for_the_nearest_writer_ahead() {
+        let ahead: Vec<String> = [
+            "_c_a-__READ__0000000001",
+            "_c_b-__WRITE__0000000002",
+            "_c_c-__READ__0000000003",
+            "_c_d-__WRITE__0000000004",
+            "_c_e-__READ__0000000005",
+        ]
+        .map(String::from)
+        .into();
+        assert_eq!(
+            blocker(&ahead, Recipe::Read).map(String::as_str),
+            Some("_c_d-__WRITE__0000000004")
+        );
+        assert_eq!(blocker(&ahead[..1], Recipe::Read), None);
+        assert_eq!(
+            blocker(&ahead, Recipe::Write).map(String::as_str),
+            Some("_c_e-__READ__0000000005")
+        );
+        assert_eq!(blocker(&[], Recipe::Write), None);
+    }
 }

@@ -8,6 +8,9 @@
 //! - semaphore `N`: Curator's `InterProcessSemaphoreV2` at `B/N`: its gate, an
 //!   `InterProcessMutex` at `B/N/locks`, and its permits (leases) `B/N/leases/_c_<uuid>-lease-<seq>`;
 //!   the data of `B/N/leases` is the count of permits (`3`), written by fencelock;
+//! - reader-writer lock `N`: Curator's `InterProcessReadWriteLock` path `B/N`, whose children
+//!   are readers' `_c_<uuid>-__READ__<seq>` and writers' `_c_<uuid>-__WRITE__<seq>`, in one
+//!   order (what follows either name);
 //! - fenced state of lock `N`: `B/.state/N/<key>`. Lock names never start with `.`, so no lock
 //!   path, and no child listing of one, can contain state.
 
@@ -19,6 +22,9 @@ pub(crate) const LOCK_NAME: &str = "lock-";
 pub(crate) const LATCH_NAME: &str = "latch-";
 /// Curator's lease name for `InterProcessSemaphoreV2`.
 pub(crate) const LEASE_NAME: &str = "lease-";
+/// Curator's lock names for the two sides of `InterProcessReadWriteLock`.
+pub(crate) const READ_NAME: &str = "__READ__";
+pub(crate) const WRITE_NAME: &str = "__WRITE__";
 
 /// Which Curator recipe a node belongs to: its name, and so its sort key, differ.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -29,6 +35,10 @@ pub(crate) enum Recipe {
     Latch,
     /// A lease (permit) of `InterProcessSemaphoreV2`.
     Lease,
+    /// A reader of `InterProcessReadWriteLock`.
+    Read,
+    /// A writer of `InterProcessReadWriteLock`.
+    Write,
 }
 
 impl Recipe {
@@ -37,6 +47,8 @@ impl Recipe {
             Recipe::Mutex => LOCK_NAME,
             Recipe::Latch => LATCH_NAME,
             Recipe::Lease => LEASE_NAME,
+            Recipe::Read => READ_NAME,
+            Recipe::Write => WRITE_NAME,
         }
     }
 }
@@ -90,10 +102,10 @@ pub(crate) fn node_tag(id: &str, recipe: Recipe) -> String {
 }
 
 /// Curator's sort key: what follows the last `lock-` (a latch's: `latch-`, a lease's:
-/// `lease-`), or the whole name.
-/// One path holds one recipe's nodes, so whichever of the two names comes last is the one.
+/// `lease-`, a reader-writer lock's: `__READ__` or `__WRITE__`), or the whole name.
+/// One path holds one recipe's nodes, so whichever of the names comes last is the one.
 pub(crate) fn sort_key(child: &str) -> &str {
-    [LOCK_NAME, LATCH_NAME, LEASE_NAME]
+    [LOCK_NAME, LATCH_NAME, LEASE_NAME, READ_NAME, WRITE_NAME]
         .iter()
         .filter_map(|n| child.rfind(n).map(|i| i + n.len()))
         .max()
@@ -170,6 +182,11 @@ mod tests {
                 "_c_a-lock-0000000010"
             ]
         );
+        // A reader-writer lock's readers and writers share one order (Curator's
+        // `SortingLockInternalsDriver` strips either name).
+        let mut rw = vec!["_c_a-__WRITE__0000000003", "_c_b-__READ__0000000002"];
+        rw.sort_by_key(|c| sort_key(c));
+        assert_eq!(rw, ["_c_b-__READ__0000000002", "_c_a-__WRITE__0000000003"]);
         // Kazoo-style and unrelated children sort by their whole name, as in Curator.
         assert_eq!(sort_key("x__lock__0000000001"), "x__lock__0000000001");
     }
