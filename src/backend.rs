@@ -437,7 +437,8 @@ pub struct LockStatus {
     /// The whole queue in grant order, the holder first; empty when free.
     pub queue: Vec<QueueEntry>,
     /// How many entries at the front of [`queue`](LockStatus::queue) hold: 0 or 1 for a lock,
-    /// up to [`permits`](LockStatus::permits) for a semaphore.
+    /// up to [`permits`](LockStatus::permits) for a semaphore, the readers in front (or one
+    /// writer) for a reader-writer lock.
     pub holders: usize,
     /// A semaphore's stored count of permits ([`LockBackend::permit_status`]); `None` for a
     /// lock, and for a semaphore no one holds or waits for.
@@ -456,26 +457,48 @@ pub struct QueueEntry {
     pub owner: Option<Owner>,
     /// How long ago the entry was created, where the store records it.
     pub age: Option<Duration>,
+    /// A reader-writer lock's entry: a reader's or a writer's; `None` for a lock's.
+    pub access: Option<crate::Access>,
 }
 
 impl QueueEntry {
     /// An entry; for backends.
     pub fn new(token: FencingToken, owner: Option<Owner>, age: Option<Duration>) -> Self {
-        QueueEntry { token, owner, age }
+        QueueEntry {
+            token,
+            owner,
+            age,
+            access: None,
+        }
+    }
+
+    /// The entry, marked as a reader's or a writer's of a reader-writer lock; for backends.
+    #[must_use]
+    pub fn with_access(mut self, access: Option<crate::Access>) -> Self {
+        self.access = access;
+        self
     }
 }
 
 impl LockStatus {
-    /// The status of a queue given in grant order (the holder first); for backends.
+    /// The status of a queue given in grant order (the holder first); for backends. The first
+    /// entry holds; of a reader-writer lock, every reader before the first writer holds.
     pub fn from_queue(name: LockName, queue: Vec<QueueEntry>) -> Self {
         let first = queue.first();
+        let holders = match first.and_then(|e| e.access) {
+            Some(crate::Access::Read) => queue
+                .iter()
+                .take_while(|e| e.access == Some(crate::Access::Read))
+                .count(),
+            _ => usize::from(first.is_some()),
+        };
         LockStatus {
             name,
             holder: first.map(|e| e.token),
-            waiting: queue.len().saturating_sub(1),
+            waiting: queue.len() - holders,
             age: first.and_then(|e| e.age),
             owner: first.and_then(|e| e.owner.clone()),
-            holders: usize::from(first.is_some()),
+            holders,
             queue,
             permits: None,
         }

@@ -32,7 +32,7 @@ pub enum Access {
 /// reader has lost its lock). Readers must not `admit` their tokens: that would raise the mark
 /// and refuse a concurrent reader with a lower one.
 ///
-/// On ZooKeeper it is Curator's `InterProcessReadWriteLock` (its `__READ__` and `__WRITE__`
+/// On ZooKeeper it is Curator's `InterProcessReadWriteLock` (its `__READ__` and `__WRIT__`
 /// nodes: both contend on one lock); on etcd its keys are laid out as in etcd's
 /// `experimental/recipes` `RWMutex` (`N/read/...`, `N/write/...`).
 ///

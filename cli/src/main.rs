@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{CommandFactory, Parser, Subcommand};
-use fencelock::{LockName, Wait};
+use fencelock::{Access, LockName, Wait};
 
 /// Distributed locks you can trust: a lease plus a fencing token.
 #[derive(Parser, Debug)]
@@ -91,6 +91,14 @@ enum Command {
         /// Curator's InterProcessSemaphoreV2; every contender must give the same N.
         #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
         permits: Option<u32>,
+        /// Take reader-writer lock NAME as a reader: readers run side by side, while no writer
+        /// does. Arrival order: a reader that comes after a waiting writer waits for it. On
+        /// ZooKeeper it is Curator's InterProcessReadWriteLock.
+        #[arg(long, conflicts_with_all = ["permits", "write"])]
+        read: bool,
+        /// Take reader-writer lock NAME as a writer: alone, with no reader and no other writer.
+        #[arg(long, conflicts_with = "permits")]
+        write: bool,
         #[command(flatten)]
         cmd: Supervised,
     },
@@ -245,13 +253,21 @@ async fn dispatch(cli: Cli) -> u8 {
         Command::Run {
             name: raw,
             permits,
+            read,
+            write,
             cmd,
         } => match (name(&raw), required(cli.backend.as_deref())) {
             (Ok(name), Ok(url)) => {
                 if let Some(Err(code)) = cmd.metrics_listen.map(metrics::serve) {
                     return code;
                 }
-                let seek = (&name, permits.map_or(run::Seek::Lock, run::Seek::Permit));
+                let seek = match (permits, read, write) {
+                    (Some(permits), ..) => run::Seek::Permit(permits),
+                    (None, true, _) => run::Seek::Rw(Access::Read),
+                    (None, _, true) => run::Seek::Rw(Access::Write),
+                    (None, false, false) => run::Seek::Lock,
+                };
+                let seek = (&name, seek);
                 let url = cmd.url(url);
                 run::run(&url, seek, cmd.wait(), cmd.grace, &cmd.command).await
             }

@@ -4,7 +4,7 @@ use std::process::Stdio;
 use std::sync::Arc;
 use std::time::Duration;
 
-use fencelock::{LockBackend, LockName, ReleaseOutcome, Wait};
+use fencelock::{Access, LockBackend, LockName, ReleaseOutcome, Wait};
 use futures::StreamExt;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
@@ -75,6 +75,8 @@ pub enum Seek {
     Leadership(String),
     /// One of this many permits of the semaphore (`fencelock run --permits`).
     Permit(u32),
+    /// The reader-writer lock, as a reader or a writer (`fencelock run --read|--write`).
+    Rw(Access),
 }
 
 impl Seek {
@@ -87,6 +89,7 @@ impl Seek {
         match self {
             Seek::Lock => backend.acquire(name, wait).await,
             Seek::Permit(permits) => backend.acquire_permit(name, *permits, wait).await,
+            Seek::Rw(access) => backend.acquire_rw(name, *access, wait).await,
             Seek::Leadership(value) => backend
                 .acquire_leadership(name, value.as_bytes(), wait)
                 .await
@@ -98,6 +101,8 @@ impl Seek {
         match self {
             Seek::Lock => "waiting for lock",
             Seek::Permit(_) => "waiting for a permit of semaphore",
+            Seek::Rw(Access::Read) => "waiting to read under lock",
+            Seek::Rw(Access::Write) => "waiting to write under lock",
             Seek::Leadership(_) => "campaigning in election",
         }
     }
@@ -106,6 +111,8 @@ impl Seek {
         match self {
             Seek::Lock => "acquired",
             Seek::Permit(_) => "acquired a permit of",
+            Seek::Rw(Access::Read) => "acquired for reading",
+            Seek::Rw(Access::Write) => "acquired for writing",
             Seek::Leadership(_) => "elected leader of",
         }
     }
@@ -330,6 +337,10 @@ fn to_json(status: &fencelock::LockStatus) -> serde_json::Value {
                 "age_ms": millis(e.age),
                 "owner": owner(&e.owner),
                 "foreign": e.owner.is_none(),
+                "access": e.access.map(|a| match a {
+                    Access::Read => "read",
+                    Access::Write => "write",
+                }),
             })
         })
         .collect();
@@ -373,6 +384,29 @@ fn describe(status: &fencelock::LockStatus, json: bool) -> String {
                 "holding"
             } else {
                 "waiting"
+            };
+            out.push_str(&format!(
+                "\n  {role}: token {}{} ({})",
+                entry.token,
+                since(entry.age),
+                who(&entry.owner)
+            ));
+        }
+        return out;
+    }
+    if status.queue.first().is_some_and(|e| e.access.is_some()) {
+        let holding = match status.holders {
+            1 if status.queue[0].access == Some(Access::Write) => "a writer holds it".to_owned(),
+            1 => "1 reader holds it".to_owned(),
+            n => format!("{n} readers hold it"),
+        };
+        let mut out = format!("{name}: {holding}; {} waiting", status.waiting);
+        for (i, entry) in status.queue.iter().enumerate() {
+            let role = match (i < status.holders, entry.access) {
+                (true, Some(Access::Write)) => "writing",
+                (true, _) => "reading",
+                (false, Some(Access::Write)) => "waiting to write",
+                (false, _) => "waiting to read",
             };
             out.push_str(&format!(
                 "\n  {role}: token {}{} ({})",

@@ -1038,3 +1038,93 @@ async fn run_permits_runs_n_commands_at_once() {
         drop(holders);
     }
 }
+
+/// `run --read` twice: both commands run at once, and `--write --try` exits 75; a waiting
+/// writer runs once both readers are done, with a greater token, and a reader that tries while
+/// it writes exits 75.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_read_and_write_share_and_exclude() {
+    for url in [etcd_url(), zk_url()] {
+        let dir = tmp_root().join(unique("rw"));
+        std::fs::create_dir_all(&dir).unwrap();
+        // Each command runs until its `stop` file appears (at most 30 s), then ends by itself.
+        let until = |stop: &std::path::Path| {
+            format!(
+                "for i in $(seq 300); do [ -e {} ] && break; sleep 0.1; done",
+                stop.display()
+            )
+        };
+        let stop_readers = dir.join("stop-readers");
+        let mut readers = Vec::new();
+        for i in 0..2 {
+            let started = dir.join(format!("read{i}"));
+            let script = format!(
+                "echo $FENCELOCK_TOKEN > {}; {}",
+                started.display(),
+                until(&stop_readers)
+            );
+            let reader = fencelock(&url, &["run", "--read", "config"])
+                .args(["--", "sh", "-c", &script])
+                .spawn()
+                .unwrap();
+            wait_for_file(&started).await;
+            readers.push(reader);
+        }
+        let tried = output(&url, &["run", "--write", "--try", "config", "--", "true"]).await;
+        assert_eq!(tried.status.code(), Some(75), "{}", text(&tried.stderr));
+        let (wrote, stop_writer) = (dir.join("wrote"), dir.join("stop-writer"));
+        let script = format!(
+            "echo $FENCELOCK_TOKEN > {}; {}",
+            wrote.display(),
+            until(&stop_writer)
+        );
+        let writer = fencelock(&url, &["run", "--write", "config"])
+            .args(["--", "sh", "-c", &script])
+            .spawn()
+            .unwrap();
+        let mut seen = serde_json::Value::Null;
+        for _ in 0..100 {
+            let out = output(&url, &["status", "config", "--json"]).await;
+            seen = serde_json::from_slice(&out.stdout).unwrap();
+            if seen["waiting"] == 1 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let sides: Vec<&str> = (0..3)
+            .map(|i| seen["queue"][i]["access"].as_str().unwrap_or("?"))
+            .collect();
+        assert_eq!(
+            (&seen["holders"], &seen["waiting"], sides),
+            (&2.into(), &1.into(), vec!["read", "read", "write"]),
+            "{seen}"
+        );
+        let line = text(&output(&url, &["status", "config"]).await.stdout);
+        assert!(
+            line.starts_with("config: 2 readers hold it; 1 waiting")
+                && line.contains("\n  waiting to write: token "),
+            "{line}"
+        );
+        assert!(!wrote.exists(), "the writer must wait for the readers");
+        std::fs::write(&stop_readers, "").unwrap();
+        for reader in readers {
+            assert_eq!(exit_code(reader).await, 0);
+        }
+        let token: u64 = wait_for_file(&wrote).await.trim().parse().unwrap();
+        for i in 0..2 {
+            let read: u64 = std::fs::read_to_string(dir.join(format!("read{i}")))
+                .unwrap()
+                .trim()
+                .parse()
+                .unwrap();
+            assert!(
+                token > read,
+                "a writer's token exceeds the readers' before it"
+            );
+        }
+        let tried = output(&url, &["run", "--read", "--try", "config", "--", "true"]).await;
+        assert_eq!(tried.status.code(), Some(75), "{}", text(&tried.stderr));
+        std::fs::write(&stop_writer, "").unwrap();
+        assert_eq!(exit_code(writer).await, 0);
+    }
+}

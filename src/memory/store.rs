@@ -113,7 +113,7 @@ impl MemoryStore {
             q.iter()
                 .map(|e| {
                     let (token, owner) = (FencingToken::new(e.token), Some(e.owner.clone()));
-                    QueueEntry::new(token, owner, Some(e.since.elapsed()))
+                    QueueEntry::new(token, owner, Some(e.since.elapsed())).with_access(e.access)
                 })
                 .collect()
         });

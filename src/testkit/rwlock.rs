@@ -46,6 +46,17 @@ pub async fn rw_readers_share_writers_exclude<F: BackendFactory>(factory: &F) {
     let r1 = take("first reader", &a, &name, Access::Read, Wait::Try).await;
     let r2 = take("second reader", &b, &name, Access::Read, Wait::Try).await;
     assert_ne!(r1.token(), r2.token());
+    // Before any refused try: its entry may still be being withdrawn in the background.
+    let status = ok(
+        "status while two read",
+        bounded("status", c.status(&name)).await,
+    );
+    let sides: Vec<_> = status.queue.iter().map(|e| e.access).collect();
+    assert_eq!(
+        (status.holders, status.waiting, sides),
+        (2, 0, vec![Some(Access::Read); 2]),
+        "status must show both readers holding: {status:?}"
+    );
     assert_blocked("a writer while two read", &c, &name, Access::Write).await;
     release("first reader", r1).await;
     assert_blocked("a writer while one reads", &c, &name, Access::Write).await;
@@ -57,6 +68,15 @@ pub async fn rw_readers_share_writers_exclude<F: BackendFactory>(factory: &F) {
         "a writer's token exceeds earlier readers'"
     );
     ok("writer's fenced write", w.fenced_put("k", b"v").await);
+    let status = ok(
+        "status while one writes",
+        bounded("status", a.status(&name)).await,
+    );
+    assert_eq!(
+        (status.holders, status.holder, status.queue[0].access),
+        (1, Some(w.token()), Some(Access::Write)),
+        "status must show the writer holding: {status:?}"
+    );
     assert_blocked("a reader while one writes", &a, &name, Access::Read).await;
     assert_blocked("a writer while one writes", &b, &name, Access::Write).await;
     let w_token = w.token();

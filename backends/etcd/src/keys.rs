@@ -97,6 +97,17 @@ impl Keys {
         }
     }
 
+    /// Whether a key below a lock's prefix (`P N /` stripped) is a reader's or a writer's.
+    pub(crate) fn access_of(rest: &[u8]) -> Option<Access> {
+        if rest.starts_with(b"read/") {
+            Some(Access::Read)
+        } else if rest.starts_with(b"write/") {
+            Some(Access::Write)
+        } else {
+            None
+        }
+    }
+
     pub(crate) fn state_key(&self, name: &LockName, key: &StateKey) -> String {
         format!("{}.state/{}/{}", self.prefix, name, key)
     }

@@ -22,6 +22,7 @@ impl Queues<'_> {
             .with_sort(SortTarget::Create, SortOrder::Ascend);
         let mut kv = self.0.client.kv_client();
         let prefix = self.0.keys.lock_prefix(name);
+        let prefix_bytes = prefix.clone().into_bytes();
         let resp = call("read the lock's queue", self.0.limit, async move {
             kv.get(prefix, Some(all)).await
         })
@@ -36,7 +37,11 @@ impl Queues<'_> {
                     Duration::from_millis(u64::try_from(ms).unwrap_or(u64::MAX))
                 });
                 let token = FencingToken::new(kv.create_revision().unsigned_abs());
-                QueueEntry::new(token, Owner::decode(kv.value()), age)
+                let access = kv
+                    .key()
+                    .strip_prefix(prefix_bytes.as_slice())
+                    .and_then(crate::keys::Keys::access_of);
+                QueueEntry::new(token, Owner::decode(kv.value()), age).with_access(access)
             })
             .collect();
         let revision = resp.header().map_or(0, |h| h.revision());

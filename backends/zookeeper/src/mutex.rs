@@ -13,7 +13,7 @@
 //! Uncontended: one create and one multi-read. Release: one delete of our path with version 0.
 //!
 //! A reader-writer lock (Curator's `InterProcessReadWriteLock`) is the same flow on one path
-//! whose nodes are `_c_<uuid>-__READ__<seq>` and `_c_<uuid>-__WRITE__<seq>`: a writer is granted
+//! whose nodes are `_c_<uuid>-__READ__<seq>` and `_c_<uuid>-__WRIT__<seq>`: a writer is granted
 //! as a lock's contender (first of all), a reader when no writer is ahead of it.
 
 use std::time::Duration;
@@ -468,16 +468,16 @@ mod tests {
     fn a_reader_waits_only_for_the_nearest_writer_ahead() {
         let ahead: Vec<String> = [
             "_c_a-__READ__0000000001",
-            "_c_b-__WRITE__0000000002",
+            "_c_b-__WRIT__0000000002",
             "_c_c-__READ__0000000003",
-            "_c_d-__WRITE__0000000004",
+            "_c_d-__WRIT__0000000004",
             "_c_e-__READ__0000000005",
         ]
         .map(String::from)
         .into();
         assert_eq!(
             blocker(&ahead, Recipe::Read).map(String::as_str),
-            Some("_c_d-__WRITE__0000000004")
+            Some("_c_d-__WRIT__0000000004")
         );
         assert_eq!(blocker(&ahead[..1], Recipe::Read), None);
         assert_eq!(

@@ -9,7 +9,7 @@
 //!   `InterProcessMutex` at `B/N/locks`, and its permits (leases) `B/N/leases/_c_<uuid>-lease-<seq>`;
 //!   the data of `B/N/leases` is the count of permits (`3`), written by fencelock;
 //! - reader-writer lock `N`: Curator's `InterProcessReadWriteLock` path `B/N`, whose children
-//!   are readers' `_c_<uuid>-__READ__<seq>` and writers' `_c_<uuid>-__WRITE__<seq>`, in one
+//!   are readers' `_c_<uuid>-__READ__<seq>` and writers' `_c_<uuid>-__WRIT__<seq>`, in one
 //!   order (what follows either name);
 //! - fenced state of lock `N`: `B/.state/N/<key>`. Lock names never start with `.`, so no lock
 //!   path, and no child listing of one, can contain state.
@@ -24,7 +24,8 @@ pub(crate) const LATCH_NAME: &str = "latch-";
 pub(crate) const LEASE_NAME: &str = "lease-";
 /// Curator's lock names for the two sides of `InterProcessReadWriteLock`.
 pub(crate) const READ_NAME: &str = "__READ__";
-pub(crate) const WRITE_NAME: &str = "__WRITE__";
+/// (`__WRIT__`: eight characters like `__READ__`; Curator 5 spells it so.)
+pub(crate) const WRITE_NAME: &str = "__WRIT__";
 
 /// Which Curator recipe a node belongs to: its name, and so its sort key, differ.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,7 +103,7 @@ pub(crate) fn node_tag(id: &str, recipe: Recipe) -> String {
 }
 
 /// Curator's sort key: what follows the last `lock-` (a latch's: `latch-`, a lease's:
-/// `lease-`, a reader-writer lock's: `__READ__` or `__WRITE__`), or the whole name.
+/// `lease-`, a reader-writer lock's: `__READ__` or `__WRIT__`), or the whole name.
 /// One path holds one recipe's nodes, so whichever of the names comes last is the one.
 pub(crate) fn sort_key(child: &str) -> &str {
     [LOCK_NAME, LATCH_NAME, LEASE_NAME, READ_NAME, WRITE_NAME]
@@ -110,6 +111,17 @@ pub(crate) fn sort_key(child: &str) -> &str {
         .filter_map(|n| child.rfind(n).map(|i| i + n.len()))
         .max()
         .map_or(child, |i| &child[i..])
+}
+
+/// Whether a child is a reader's or a writer's node of a reader-writer lock.
+pub(crate) fn access_of(child: &str) -> Option<fencelock::Access> {
+    if child.contains(READ_NAME) {
+        Some(fencelock::Access::Read)
+    } else if child.contains(WRITE_NAME) {
+        Some(fencelock::Access::Write)
+    } else {
+        None
+    }
 }
 
 /// Fails when a contender's sequence number has wrapped past 2^31 - 1: ZooKeeper prints it as a
@@ -184,9 +196,9 @@ mod tests {
         );
         // A reader-writer lock's readers and writers share one order (Curator's
         // `SortingLockInternalsDriver` strips either name).
-        let mut rw = vec!["_c_a-__WRITE__0000000003", "_c_b-__READ__0000000002"];
+        let mut rw = vec!["_c_a-__WRIT__0000000003", "_c_b-__READ__0000000002"];
         rw.sort_by_key(|c| sort_key(c));
-        assert_eq!(rw, ["_c_b-__READ__0000000002", "_c_a-__WRITE__0000000003"]);
+        assert_eq!(rw, ["_c_b-__READ__0000000002", "_c_a-__WRIT__0000000003"]);
         // Kazoo-style and unrelated children sort by their whole name, as in Curator.
         assert_eq!(sort_key("x__lock__0000000001"), "x__lock__0000000001");
     }

@@ -9,7 +9,7 @@ use fencelock::{Error, FencingToken, LockName, LockStatus, Owner, QueueEntry, Re
 use zookeeper_client::MultiReadResult;
 
 use crate::election::{list_watching, sync, timed, Elections, Seen};
-use crate::paths::{check_name, sort_key};
+use crate::paths::{access_of, check_name, sort_key};
 use crate::{zk_error, KIND};
 
 /// A ZooKeeper ensemble as a lock's [`Watched`] queue; it waits as an election does.
@@ -72,7 +72,9 @@ impl Queues<'_> {
                         let ms = now_ms.saturating_sub(stat.ctime).unsigned_abs();
                         let token = FencingToken::new(stat.czxid.unsigned_abs());
                         let age = Some(Duration::from_millis(ms));
-                        queue.push(QueueEntry::new(token, Owner::decode(&data), age));
+                        let access = children.get(i).and_then(|c| access_of(c));
+                        let entry = QueueEntry::new(token, Owner::decode(&data), age);
+                        queue.push(entry.with_access(access));
                     }
                     // A waiter that left between the reads is no longer queued.
                     MultiReadResult::Error {

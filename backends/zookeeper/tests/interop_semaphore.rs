@@ -28,14 +28,6 @@ async fn curator(connect: &str, path: &str, max: u32) -> JavaProgram {
     program
 }
 
-/// `_c_<uuid>-<recipe><10 digits>`, as Curator's protected sequential nodes are named.
-fn is_protected(child: &str, recipe: &str) -> bool {
-    let Some((uuid, seq)) = child.strip_prefix("_c_").and_then(|r| r.split_once(recipe)) else {
-        return false;
-    };
-    uuid.len() == 36 && seq.len() == 10 && seq.bytes().all(|b| b.is_ascii_digit())
-}
-
 /// Two permits: Curator holds one, fencelock the other, and a third contender of either kind
 /// waits until one of them is returned. Our nodes are named as Curator's, and our token is
 /// above the czxid of Curator's lease.
@@ -65,7 +57,7 @@ async fn curator_and_fencelock_share_one_pool_of_permits() {
     assert!(ours.token().get() > their_czxid.unsigned_abs());
     let children = factory.admin.list_children(&leases).await.unwrap();
     assert!(
-        children.len() == 2 && children.iter().all(|c| is_protected(c, "-lease-")),
+        children.len() == 2 && children.iter().all(|c| common::is_protected(c, "-lease-")),
         "our lease must be named as Curator's: {children:?}"
     );
     assert!(matches!(
@@ -106,7 +98,7 @@ async fn curator_and_fencelock_share_one_pool_of_permits() {
         .await
         .unwrap();
     assert!(
-        gate.len() == 1 && is_protected(&gate[0], "-lock-"),
+        gate.len() == 1 && common::is_protected(&gate[0], "-lock-"),
         "Curator waits holding the gate, an InterProcessMutex: {gate:?}"
     );
     assert_eq!(ours.release().await.unwrap(), ReleaseOutcome::Released);

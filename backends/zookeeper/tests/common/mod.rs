@@ -137,3 +137,11 @@ impl BackendFactory for ZkFactory {
         LockName::new(base).expect("valid name")
     }
 }
+
+/// `_c_<uuid>-<recipe><10 digits>`, as Curator's protected sequential nodes are named.
+pub fn is_protected(child: &str, recipe: &str) -> bool {
+    let Some((uuid, seq)) = child.strip_prefix("_c_").and_then(|r| r.split_once(recipe)) else {
+        return false;
+    };
+    uuid.len() == 36 && seq.len() == 10 && seq.bytes().all(|b| b.is_ascii_digit())
+}
