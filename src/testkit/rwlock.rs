@@ -34,8 +34,9 @@ async fn assert_blocked<B: LockBackend + ?Sized>(
     );
 }
 
-/// Readers on separate instances hold together; a writer is refused while they do and gets
-/// the lock after them with a greater token; while it writes, readers and writers are refused.
+/// Readers on separate instances hold together, and so do two of one instance; a writer is
+/// refused while they do and gets the lock after them with a greater token; while it writes,
+/// readers and writers are refused.
 pub async fn rw_readers_share_writers_exclude<F: BackendFactory>(factory: &F) {
     let name = factory.name("rw-share");
     let (a, b, c) = (
@@ -58,6 +59,15 @@ pub async fn rw_readers_share_writers_exclude<F: BackendFactory>(factory: &F) {
         "status must show both readers holding: {status:?}"
     );
     assert_blocked("a writer while two read", &c, &name, Access::Write).await;
+    let r1_again = take(
+        "a second reader of the first instance",
+        &a,
+        &name,
+        Access::Read,
+        Wait::Try,
+    )
+    .await;
+    release("the first instance's second reader", r1_again).await;
     release("first reader", r1).await;
     assert_blocked("a writer while one reads", &c, &name, Access::Write).await;
     let r2_token = r2.token();
