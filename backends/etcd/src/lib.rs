@@ -100,6 +100,29 @@
 //! | waiting for a permit (gate holder) | per release: 1 Watch + 1 Txn count |
 //! | release | 1 Txn |
 //!
+//! # Reader-writer locks
+//! Reader-writer lock `N` under prefix `P` is the lock's protocol above on two kinds of keys,
+//! laid out as etcd's `recipes.RWMutex` lays them out (not tested against it):
+//! - **keys**: a reader's `P N /read/ <lease hex> - <nonce hex>`, a writer's
+//!   `P N /write/ <lease hex> - <nonce hex>`, unique to the attempt, so several guards of one
+//!   session coexist (no turn per name is taken), and a withdrawal can only touch its own key.
+//! - **acquire**: the lock's enqueue Txn, whose Range is `P N /write/` for a reader and all of
+//!   `P N /` for a writer: a writer holds if its key is the first created, a reader if no
+//!   writer key exists (ours is the newest key, so any writer there is ahead of us).
+//! - **wait**: the lock's passes, each finding the newest key older than ours in that same
+//!   range (a reader: the nearest writer ahead; a writer: whoever is just ahead) and watching
+//!   only it. A writer's release wakes the readers just behind it, who are all granted; readers
+//!   behind a later writer watch that writer and sleep on.
+//! - **token**: the revision at which the grant was seen, as for a lock: a writer's exceeds every
+//!   earlier holder's (it is seen after their deletes); a reader's exceeds every earlier writer's
+//!   and is below every later writer's. Readers granted together may share one.
+//!
+//! | operation | requests |
+//! |---|---|
+//! | uncontended read or write | 1 Txn (no LeaseGrant after the session's first) |
+//! | waiting | per blocker that leaves: 1 Txn + 1 Watch stream (2 registrations) + 1 Range |
+//! | release, fenced put/get/delete | 1 Txn |
+//!
 //! # Loss
 //! The session's lease is renewed every TTL/3 by the backend itself (etcd-client has no timer
 //! and no reconnect). Each renewal moves the local deadline to *send time + TTL - margin*; when
