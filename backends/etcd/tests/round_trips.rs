@@ -119,3 +119,67 @@ async fn a_waiter_watches_only_its_predecessor() {
     assert_eq!(all.get("Watch"), Some(&(6 + 3 + 4)));
     assert_eq!(all.get("Txn"), Some(&(6 + 3 + 4)));
 }
+
+/// A writer's release wakes the readers just behind it and no one else: readers queued behind
+/// a second writer watch that writer, not the first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writers_release_wakes_only_the_readers_behind_it() {
+    use fencelock::{Access, LockBackend, LockName, Wait};
+    let cluster = EtcdCluster::start(1);
+    let prefix = format!("{}/", unique("rt"));
+    let connect = || EtcdBackend::connect(common::config(cluster.endpoints(), &prefix));
+    let name = LockName::new("config").unwrap();
+    let holder = connect().await.unwrap();
+    let writing = holder
+        .acquire_rw(&name, Access::Write, Wait::Try)
+        .await
+        .unwrap();
+    // Behind it, in this order: 3 readers, a second writer, 3 more readers.
+    let mut waiting = Vec::new();
+    for access in [Access::Read; 3]
+        .into_iter()
+        .chain([Access::Write])
+        .chain([Access::Read; 3])
+    {
+        let backend = connect().await.unwrap();
+        let _ = backend.lock("warm").await.unwrap().release().await.unwrap();
+        let name = name.clone();
+        waiting.push(tokio::spawn(async move {
+            let guard = backend.acquire_rw(&name, access, Wait::Forever).await;
+            (guard, backend)
+        }));
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let before = settled(&cluster).await;
+    let _ = writing.release().await.unwrap();
+    let mut granted = Vec::new();
+    for task in waiting.drain(..3) {
+        let (guard, backend) = tokio::time::timeout(Duration::from_secs(30), task)
+            .await
+            .unwrap()
+            .unwrap();
+        granted.push((guard.unwrap(), backend));
+    }
+    let woken = delta(&before, &settled(&cluster).await);
+    eprintln!(
+        "a writer's release with 3 readers behind it, then a writer and 3 readers: {woken:?}"
+    );
+    assert!(
+        waiting.iter().all(|task| !task.is_finished()),
+        "the second writer and the readers behind it must still wait"
+    );
+    // The release Txn, then one Txn per woken reader (the pass that finds no writer ahead is
+    // its grant); the readers behind the second writer send nothing.
+    assert_eq!(woken.get("Txn"), Some(&(1 + 3)));
+    assert_eq!(woken.get("Range"), None);
+    for (guard, _) in granted {
+        let _ = guard.release().await.unwrap();
+    }
+    for task in waiting {
+        let (guard, _backend) = tokio::time::timeout(Duration::from_secs(30), task)
+            .await
+            .unwrap()
+            .unwrap();
+        let _ = guard.unwrap().release().await.unwrap();
+    }
+}
