@@ -17,10 +17,11 @@ use zookeeper_client::{Acls, CreateMode, LockOptions as ZkLockOptions, LockPrefi
 use crate::servers::Servers;
 use crate::stats::{ms, percentiles, ratio};
 
-const WARMUP: usize = 300;
-const ROUNDS: usize = 500;
+pub const WARMUP: usize = 300;
+pub const ROUNDS: usize = 500;
 
-type Op<'a> = Box<dyn FnMut() -> Pin<Box<dyn Future<Output = ()> + 'a>> + 'a>;
+/// One timed operation (shared with `semaphore`).
+pub type Op<'a> = Box<dyn FnMut() -> Pin<Box<dyn Future<Output = ()> + 'a>> + 'a>;
 
 /// One acquire + release on `backend`.
 fn fencelock_op(backend: &dyn LockBackend) -> Op<'_> {
@@ -32,8 +33,8 @@ fn fencelock_op(backend: &dyn LockBackend) -> Op<'_> {
     })
 }
 
-/// p50 and p99 of each op, run round-robin.
-async fn interleaved(mut ops: Vec<Op<'_>>) -> Vec<(Duration, Duration)> {
+/// p50 and p99 of each op, run round-robin (shared with `semaphore`).
+pub async fn interleaved(mut ops: Vec<Op<'_>>) -> Vec<(Duration, Duration)> {
     let count = ops.len();
     let mut samples = vec![Vec::with_capacity(ROUNDS); count];
     for round in 0..WARMUP + ROUNDS {

@@ -1,5 +1,5 @@
-//! `cargo run --release -p fencelock-bench -- all`: latency, handoff, scale, loss detection and
-//! election failover on
+//! `cargo run --release -p fencelock-bench -- all`: latency, handoff, semaphores, scale, loss
+//! detection and election failover on
 //! real etcd and ZooKeeper (single node and 3-node cluster), each figure next to its limit and
 //! the peer clients, as ratios measured in the same run. Writes `target/bench/handoff.svg`.
 #![forbid(unsafe_code)]
@@ -12,6 +12,7 @@ mod latency;
 mod loss;
 mod plot;
 mod scale;
+mod semaphore;
 mod servers;
 mod stats;
 
@@ -26,7 +27,14 @@ static ALLOCATOR: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
 async fn main() {
     let what = std::env::args().nth(1).unwrap_or_else(|| "all".into());
     let known = [
-        "all", "latency", "handoff", "scale", "loss", "failover", "fence",
+        "all",
+        "latency",
+        "handoff",
+        "semaphore",
+        "scale",
+        "loss",
+        "failover",
+        "fence",
     ];
     if !known.contains(&what.as_str()) {
         eprintln!("usage: fencelock-bench [{}]", known.join("|"));
@@ -45,6 +53,9 @@ async fn main() {
         }
         if wants("handoff") {
             handoffs.extend(handoff::run(&servers).await);
+        }
+        if wants("semaphore") {
+            semaphore::run(&servers).await;
         }
         if size == 1 && wants("scale") {
             scale::run(&servers).await;
