@@ -45,7 +45,7 @@ fn fencelock_op(backend: &dyn LockBackend) -> Op<'_> {
     })
 }
 
-fn rows(label: &str, what: [&str; 2], figures: &[(Duration, Duration)]) {
+fn rows<const N: usize>(label: &str, what: [&str; N], figures: &[(Duration, Duration)]) {
     let raw = figures[1].0;
     for (what, (p50, p99)) in what.iter().zip(figures) {
         println!(
@@ -147,40 +147,55 @@ async fn zookeeper(servers: &Servers) {
             .await
             .unwrap();
     }
-    let mut round = 0u64; // declared before the ops, which share one lifetime
+    // Declared before the ops, which share one lifetime; tags stay unique across both ops.
+    let rounds = std::sync::atomic::AtomicU64::new(0);
     let ours = fencelock_op(&backend);
-    let raw: Op = Box::new(|| {
-        round += 1;
-        // As long as a uuid, as fencelock's and Curator's `_c_<uuid>` tags are.
-        let id = format!("{round:036x}");
-        let (zk, gate_dir, leases_dir, checkpoint) = (&zk, &gate_dir, &leases_dir, &checkpoint);
-        Box::pin(async move {
-            let ephemeral = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
-            let gate = format!("{gate_dir}/_c_{id}-lock-");
-            let (_, seq) = zk.create(&gate, b"", &ephemeral).await.unwrap();
-            // The gate's turn: its children and the checkpoint in one multi-read.
-            let mut reader = zk.new_multi_reader();
-            reader.add_get_children(gate_dir).unwrap();
-            reader.add_get_data(checkpoint).unwrap();
-            reader.commit().await.unwrap();
-            let lease = format!("{leases_dir}/_c_{id}-lease-");
-            let (_, lease_seq) = zk.create(&lease, b"", &ephemeral).await.unwrap();
-            // The count check (stored count, leases), then the listing with a watch that admits.
-            zk.get_data(leases_dir).await.unwrap();
-            zk.list_children(leases_dir).await.unwrap();
-            drop(zk.list_and_watch_children(leases_dir).await.unwrap());
-            let (gate, lease) = (format!("{gate}{seq}"), format!("{lease}{lease_seq}"));
-            let (a, b) = tokio::join!(zk.delete(&gate, None), zk.delete(&lease, None));
-            a.unwrap();
-            b.unwrap();
+    // The same requests sent by hand, with the count check as fencelock sends it (one
+    // multi-read that also admits) or as it did before (`earlier`: getData, getChildren, and a
+    // watched getChildren that admits).
+    let raw_op = |earlier: bool| -> Op {
+        let (zk, gate_dir, leases_dir, checkpoint, rounds) =
+            (&zk, &gate_dir, &leases_dir, &checkpoint, &rounds);
+        Box::new(move || {
+            // As long as a uuid, as fencelock's and Curator's `_c_<uuid>` tags are.
+            let round = rounds.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let id = format!("{round:036x}");
+            Box::pin(async move {
+                let ephemeral = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+                let gate = format!("{gate_dir}/_c_{id}-lock-");
+                let (_, seq) = zk.create(&gate, b"", &ephemeral).await.unwrap();
+                // The gate's turn: its children and the checkpoint in one multi-read.
+                let mut reader = zk.new_multi_reader();
+                reader.add_get_children(gate_dir).unwrap();
+                reader.add_get_data(checkpoint).unwrap();
+                reader.commit().await.unwrap();
+                let lease = format!("{leases_dir}/_c_{id}-lease-");
+                let (_, lease_seq) = zk.create(&lease, b"", &ephemeral).await.unwrap();
+                if earlier {
+                    zk.get_data(leases_dir).await.unwrap();
+                    zk.list_children(leases_dir).await.unwrap();
+                    drop(zk.list_and_watch_children(leases_dir).await.unwrap());
+                } else {
+                    let mut reader = zk.new_multi_reader();
+                    reader.add_get_data(leases_dir).unwrap();
+                    reader.add_get_children(leases_dir).unwrap();
+                    reader.commit().await.unwrap();
+                }
+                let (gate, lease) = (format!("{gate}{seq}"), format!("{lease}{lease_seq}"));
+                let (a, b) = tokio::join!(zk.delete(&gate, None), zk.delete(&lease, None));
+                a.unwrap();
+                b.unwrap();
+            })
         })
-    });
-    let figures = interleaved(vec![ours, raw]).await;
+    };
+    let (raw, earlier) = (raw_op(false), raw_op(true));
+    let figures = interleaved(vec![ours, raw, earlier]).await;
     rows(
         &servers.label("zookeeper"),
         [
             "fencelock",
-            "raw: gate create, gate multi-read, lease create, getData + 2 getChildren of the leases, then both deletes together",
+            "raw: gate create, gate multi-read, lease create, one multi-read of the count and the leases, then both deletes together",
+            "raw, as fencelock did before: getData + getChildren + a watched getChildren of the leases instead",
         ],
         &figures,
     );

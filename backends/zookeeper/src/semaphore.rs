@@ -3,8 +3,9 @@
 //!    time, in arrival order, and only one contender waits on the permits: no herd);
 //! 2. create our lease `B/N/leases/_c_<uuid>-lease-` EPHEMERAL_SEQUENTIAL (its czxid is the
 //!    permit's token: leases are created one at a time, so tokens grow with each grant);
-//! 3. list the leases with a watch: at most N, ours included, means held (Curator's rule);
-//!    otherwise wait for the watch and list again;
+//! 3. read the stored count and list the leases, in one multi-read: at most N leases, ours
+//!    included, means held (Curator's rule); otherwise list them with a watch, wait for it, and
+//!    list again (the uncontended permit sends no watch);
 //! 4. delete our gate node, for the next contender.
 //!
 //! The count lives in the data of `B/N/leases` (written by fencelock; Curator leaves it empty
@@ -20,6 +21,7 @@ use crate::election::timed;
 use crate::mutex::Node;
 use crate::session::ZkSession;
 use crate::zk_error;
+use zookeeper_client::MultiReadResult;
 
 /// The count of permits `B/N/leases` stores, if it holds one.
 pub(crate) fn stored_permits(data: &[u8]) -> Option<u32> {
@@ -38,9 +40,18 @@ pub(crate) async fn admit(
     limit: Duration,
 ) -> Result<()> {
     let client = &session.client;
-    check_count(session, name, leases, lease, permits, limit).await?;
+    let children = check_count(session, name, leases, lease, permits, limit).await?;
     let lost = || Error::lost(name);
     let most = usize::try_from(permits).unwrap_or(usize::MAX);
+    // The count's read already listed the leases, after our lease was created and while we
+    // hold the gate: with room, that listing admits us (the watched listing below is needed
+    // only to wait), as it is the same read the first pass would make.
+    if !children.contains(&lease.child) {
+        return Err(lost());
+    }
+    if children.len() <= most {
+        return Ok(());
+    }
     let mut backoff = Backoff::new();
     // Each pass lists the leases with a watch, then waits for it; failures pause with backoff,
     // and the session's end ends the loop.
@@ -83,7 +94,8 @@ pub(crate) async fn admit(
 }
 
 /// Refuses a count other than the stored one while others hold; stores ours when no one does
-/// (or when only Curator contenders, which store none, do).
+/// (or when only Curator contenders, which store none, do). Returns the leases, listed in the
+/// same multi-read as the count.
 async fn check_count(
     session: &ZkSession,
     name: &LockName,
@@ -91,18 +103,30 @@ async fn check_count(
     lease: &Node,
     permits: u32,
     limit: Duration,
-) -> Result<()> {
+) -> Result<Vec<String>> {
     let client = &session.client;
-    let (data, _) = timed("read the count of permits", limit, client.get_data(leases))
+    let mut reader = client.new_multi_reader();
+    for add in [reader.add_get_data(leases), reader.add_get_children(leases)] {
+        add.map_err(|e| zk_error("read the count of permits", e))?;
+    }
+    let read = timed("read the count of permits", limit, reader.commit())
         .await?
         .map_err(|e| zk_error("read the count of permits", e))?;
-    let children = timed("list the leases", limit, client.list_children(leases))
-        .await?
-        .map_err(|e| zk_error("list the leases", e))?;
+    let (data, children) = match <[MultiReadResult; 2]>::try_from(read) {
+        Ok([MultiReadResult::Data { data, .. }, MultiReadResult::Children { children }]) => {
+            (data, children)
+        }
+        other => {
+            return Err(Error::protocol(
+                crate::KIND,
+                format!("read the count of permits: unexpected reply {other:?}"),
+            ))
+        }
+    };
     let others = children.iter().any(|c| *c != lease.child);
     let stored = stored_permits(&data);
     match stored {
-        Some(n) if n == permits => return Ok(()),
+        Some(n) if n == permits => return Ok(children),
         Some(n) if others => return Err(Error::permits_mismatch(name, n, permits)),
         _ => {}
     }
@@ -114,7 +138,7 @@ async fn check_count(
     )
     .await?
     .map_err(|e| zk_error("store the count of permits", e))?;
-    Ok(())
+    Ok(children)
 }
 
 async fn pause_or_lost(backoff: &mut Backoff, session: &ZkSession, name: &LockName) -> Result<()> {
