@@ -14,7 +14,11 @@ use tower_service::Service;
 
 use crate::store::FenceStore;
 
+#[cfg(feature = "reqwest")]
+mod reqwest;
 mod stamp;
+#[cfg(feature = "reqwest")]
+pub use self::reqwest::FencedRequest;
 pub use stamp::{header_of, BoxError, Stamp, StampLayer, StampService, TokenSource};
 
 /// The token a request was admitted with, in its extensions for the handler.
