@@ -61,7 +61,7 @@ pub fn check(log: &[Event]) -> Report {
     for event in log {
         let key = (event.pid, event.token);
         match event.kind {
-            Kind::Acquired => {
+            Kind::Acquired | Kind::AcquiredRead => {
                 report.critical_sections += 1;
                 open.insert(key, beliefs.len());
                 beliefs.push(Belief {
@@ -175,6 +175,106 @@ pub fn holders(log: &[Event], permits: usize) -> Holders {
     out
 }
 
+/// A reader-writer lock's history, by the holders' own beliefs (grant to release or loss).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RwHolders {
+    /// Write holds granted.
+    pub writer_grants: usize,
+    /// Read holds granted.
+    pub reader_grants: usize,
+    /// The most readers' beliefs open at one moment (2 or more: readers shared).
+    pub most_readers: usize,
+    /// Pairs of a writer and another holder (reader or writer) whose beliefs overlapped: a
+    /// grant before the writer heard its loss, or a writer granted before a holder heard its
+    /// own. Expected for a paused holder (it cannot hear it); otherwise a violation.
+    pub writer_overlaps: usize,
+    /// The longest of those overlaps.
+    pub longest_writer_overlap: Duration,
+    /// The time during which some writer's belief overlapped another's, all spells together.
+    pub total_writer_overlap: Duration,
+    /// Of the holders that heard their loss, the shortest time from that report to the next
+    /// grant it conflicts with (a writer's, or anyone's after a writer): how close a `lost` came
+    /// to being late.
+    pub closest_grant_after_loss: Option<Duration>,
+}
+
+/// Checks a reader-writer lock's history: at no instant may a writer's belief overlap any other
+/// holder's, on the register's clock (beliefs as [`check`] takes them, a reader's from
+/// [`Kind::AcquiredRead`]).
+pub fn rw_holders(log: &[Event]) -> RwHolders {
+    let end = log.last().map_or(Duration::ZERO, |e| e.at);
+    // (pid, token, writer, from, to, lost)
+    let mut beliefs: Vec<(u32, u64, bool, Duration, Duration, bool)> = Vec::new();
+    let mut open: HashMap<(u32, u64), usize> = HashMap::new();
+    let mut out = RwHolders::default();
+    for event in log {
+        let key = (event.pid, event.token);
+        let writer = match event.kind {
+            Kind::Acquired => true,
+            Kind::AcquiredRead => false,
+            Kind::Lost | Kind::Released => {
+                if let Some(i) = open.remove(&key) {
+                    beliefs[i].4 = event.at;
+                    beliefs[i].5 = event.kind == Kind::Lost;
+                }
+                continue;
+            }
+            _ => continue,
+        };
+        if writer {
+            out.writer_grants += 1;
+        } else {
+            out.reader_grants += 1;
+        }
+        open.insert(key, beliefs.len());
+        beliefs.push((event.pid, event.token, writer, event.at, end, false));
+    }
+    for (i, a) in beliefs.iter().enumerate() {
+        for b in &beliefs[i + 1..] {
+            let (from, to) = (a.3.max(b.3), a.4.min(b.4));
+            if (a.2 || b.2) && (a.0, a.1) != (b.0, b.1) && from < to {
+                out.writer_overlaps += 1;
+                out.longest_writer_overlap = out.longest_writer_overlap.max(to - from);
+            }
+        }
+    }
+    for lost in beliefs.iter().filter(|b| b.5) {
+        let next = beliefs
+            .iter()
+            .filter(|b| (lost.2 || b.2) && b.3 >= lost.4)
+            .map(|b| b.3 - lost.4)
+            .min();
+        out.closest_grant_after_loss = match (out.closest_grant_after_loss, next) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+    }
+    // A sweep over the beliefs' ends, in time order (the log's order can swap events that
+    // arrived within microseconds): readers and writers open in each span between two ends.
+    let mut ends: Vec<(Duration, i32, bool)> = beliefs
+        .iter()
+        .flat_map(|&(_, _, writer, from, to, _)| [(from, 1, writer), (to, -1, writer)])
+        .collect();
+    ends.sort_by_key(|&(at, step, _)| (at, step)); // at one instant, closes first
+    let (mut readers, mut writers) = (0i32, 0i32);
+    let mut since: Option<Duration> = None;
+    for (at, step, writer) in ends {
+        if let Some(from) = since.take() {
+            out.total_writer_overlap += at - from;
+        }
+        if writer {
+            writers += step;
+        } else {
+            readers += step;
+        }
+        out.most_readers = out.most_readers.max(usize::try_from(readers).unwrap_or(0));
+        if writers >= 1 && readers + writers >= 2 {
+            since = Some(at);
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -277,6 +377,52 @@ mod tests {
             }
         );
         assert_eq!(holders(&log, 3).longest_excess, Duration::ZERO);
+    }
+
+    #[test]
+    fn readers_share_and_a_writer_overlapping_anyone_is_counted() {
+        let log = [
+            at(0, 1, 5, Kind::AcquiredRead),
+            at(1, 2, 5, Kind::AcquiredRead),
+            at(10, 1, 5, Kind::Released),
+            at(12, 2, 5, Kind::Released),
+            at(12, 3, 6, Kind::Acquired), // granted as the last reader left: no overlap
+            at(20, 3, 6, Kind::Released),
+            at(21, 1, 7, Kind::Acquired),
+            at(25, 2, 8, Kind::AcquiredRead), // 1 is paused: its loss comes at 40 ms
+            at(30, 3, 9, Kind::Acquired),
+            at(35, 2, 8, Kind::Lost),
+            at(40, 1, 7, Kind::Lost),
+        ];
+        assert_eq!(
+            rw_holders(&log),
+            RwHolders {
+                writer_grants: 3,
+                reader_grants: 3,
+                most_readers: 2,
+                // 1-7 with 2-8 and with 3-9 (10 ms each); 2-8 with 3-9 (5 ms).
+                writer_overlaps: 3,
+                longest_writer_overlap: Duration::from_millis(10),
+                // From 25 ms to 40 ms.
+                total_writer_overlap: Duration::from_millis(15),
+                // 2-8 lost at 35 ms, and no writer came after it; 1-7 at 40 ms, no one.
+                closest_grant_after_loss: None,
+            }
+        );
+        assert_eq!(rw_holders(&log[..6]).writer_overlaps, 0);
+        // A writer that hears its loss 3 ms before a reader's grant.
+        let in_time = [
+            at(21, 1, 7, Kind::Acquired),
+            at(22, 1, 7, Kind::Lost),
+            at(25, 2, 8, Kind::AcquiredRead),
+            at(31, 2, 8, Kind::Released),
+            at(31, 3, 9, Kind::Acquired),
+        ];
+        let seen = rw_holders(&in_time);
+        assert_eq!(
+            (seen.writer_overlaps, seen.closest_grant_after_loss),
+            (0, Some(Duration::from_millis(3)))
+        );
     }
 
     #[test]

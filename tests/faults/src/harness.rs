@@ -29,6 +29,8 @@ pub enum Primitive {
     Election,
     /// A semaphore of [`PERMITS`] permits: each critical section is one permit.
     Semaphore,
+    /// A reader-writer lock: each contender alternates, a read hold then a write hold.
+    RwLock,
 }
 
 /// The permits of [`Primitive::Semaphore`].
@@ -40,6 +42,7 @@ impl Primitive {
             Primitive::Lock => "lock",
             Primitive::Election => "elect",
             Primitive::Semaphore => "permits",
+            Primitive::RwLock => "rw",
         }
     }
 }
@@ -237,20 +240,20 @@ impl Harness {
         tokio::time::sleep(how_long).await;
     }
 
-    /// The contender that holds the lock now, by the register's log.
+    /// The contender that holds the lock now (of several readers, the latest granted), by the
+    /// register's log.
     fn holder(&self) -> Option<usize> {
         let log = self.register.log();
-        let mut open: Option<(u32, u64)> = None;
+        let mut open: Vec<(u32, u64)> = Vec::new();
         for event in &log {
+            let key = (event.pid, event.token);
             match event.kind {
-                Kind::Acquired => open = Some((event.pid, event.token)),
-                Kind::Lost | Kind::Released if open == Some((event.pid, event.token)) => {
-                    open = None
-                }
+                Kind::Acquired | Kind::AcquiredRead => open.push(key),
+                Kind::Lost | Kind::Released => open.retain(|&k| k != key),
                 _ => {}
             }
         }
-        let (pid, _) = open?;
+        let &(pid, _) = open.last()?;
         self.contenders
             .iter()
             .position(|c| c.child.id() == Some(pid))

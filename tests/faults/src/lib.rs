@@ -14,6 +14,6 @@ mod checker;
 mod harness;
 mod register;
 
-pub use checker::{check, holders, Holders, Report};
+pub use checker::{check, holders, rw_holders, Holders, Report, RwHolders};
 pub use harness::{Backend, Fault, Harness, Primitive, Schedule, PERMITS};
 pub use register::{Event, Kind, Register};

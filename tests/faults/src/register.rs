@@ -11,8 +11,10 @@ use tokio::sync::broadcast;
 /// What happened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {
-    /// The contender was granted the lock.
+    /// The contender was granted the lock (a reader-writer lock: to write).
     Acquired,
+    /// The contender was granted a reader-writer lock to read, shared with other readers.
+    AcquiredRead,
     /// The contender noticed it lost the lock.
     Lost,
     /// The contender released the lock.
@@ -114,6 +116,9 @@ impl Register {
             return "STOP".into();
         }
         let (kind, reply) = match words.first().copied() {
+            Some("ACQUIRED") if words.get(3) == Some(&"read") => {
+                (Kind::AcquiredRead, "OK".to_owned())
+            }
             Some("ACQUIRED") => (Kind::Acquired, "OK".to_owned()),
             Some("LOST") => (Kind::Lost, "OK".to_owned()),
             Some("RELEASED") => (Kind::Released, "OK".to_owned()),

@@ -6,7 +6,9 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use fencelock_faults::{holders, Backend, Fault, Harness, Primitive, Report, Schedule, PERMITS};
+use fencelock_faults::{
+    holders, rw_holders, Backend, Fault, Harness, Primitive, Report, RwHolders, Schedule, PERMITS,
+};
 use tokio::sync::Mutex;
 
 /// One backend at a time: the machine has two cores, and the suite measures behaviour under
@@ -255,4 +257,81 @@ async fn etcd_semaphore_under_faults() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zookeeper_semaphore_under_faults() {
     semaphore(Backend::ZooKeeper).await;
+}
+
+fn rw_row(
+    label: &str,
+    report: &Report,
+    seen: &RwHolders,
+    faults: &BTreeMap<Fault, usize>,
+) -> String {
+    let faults: Vec<String> = faults.iter().map(|(f, n)| format!("{f:?} {n}")).collect();
+    format!(
+        "| {label} | {} | {} | {} | {} | {} | {} | {:?} ({:?}) | {} |",
+        faults.join(", "),
+        seen.writer_grants,
+        seen.reader_grants,
+        report.lost,
+        seen.most_readers,
+        seen.writer_overlaps,
+        seen.total_writer_overlap,
+        seen.longest_writer_overlap,
+        seen.closest_grant_after_loss
+            .map_or_else(|| "-".to_owned(), |d| format!("{d:?}")),
+    )
+}
+
+/// A reader-writer lock under the semaphore's faults (partition, leader kill, ZooKeeper's lost
+/// replies and follower partition, a stalled leader), each contender reading and writing in
+/// turn: at no instant does a writer's belief overlap another holder's, reader or writer, with
+/// no allowance (these contenders report a loss as `lost` fires and a release before it is
+/// sent, so a belief ends in the log before the store can grant the lock again); readers
+/// share at times; the work goes on. The control run pauses a holder, which cannot hear its
+/// loss: there a writer must overlap it (or it a writer), or the check could not fail. (Not
+/// fenced, as the semaphore: readers must not admit their tokens at the register.)
+async fn rwlock(backend: Backend) {
+    let _serial = SERIAL.lock().await;
+    let faults = Schedule::fixed(&[
+        Fault::Partition,
+        Fault::Kill,
+        Fault::LostReplies,
+        Fault::FollowerPartition,
+        Fault::StallLeader,
+    ]);
+    let rw = (backend, Primitive::RwLock);
+    let (report, log, applied) = history(rw, false, &[faults]).await;
+    let seen = rw_holders(&log);
+    let (control_report, control_log, control_applied) = history(rw, false, &[pauses()]).await;
+    let control = rw_holders(&control_log);
+    eprintln!(
+        "\n| {backend:?} RW lock | faults | writer grants | reader grants | holders lost | most readers at once | writer overlaps | time a writer overlapped (longest) | closest conflicting grant after a loss |\n|---|---|---|---|---|---|---|---|---|\n{}\n{}\n",
+        rw_row("faults", &report, &seen, &applied),
+        rw_row("control, a paused holder", &control_report, &control, &control_applied),
+    );
+    assert_eq!(
+        seen.writer_overlaps, 0,
+        "{backend:?}: a writer's belief overlapped another holder's: {seen:?}\nlog: {log:?}"
+    );
+    assert!(
+        seen.most_readers >= 2,
+        "{backend:?}: readers must share at times: {seen:?}"
+    );
+    assert!(
+        seen.writer_grants > 5 && seen.reader_grants > 5,
+        "{backend:?}: the work must go on: {seen:?}"
+    );
+    assert!(
+        control.writer_overlaps > 0 && control.total_writer_overlap > Duration::from_millis(500),
+        "{backend:?}: a paused holder believes past its loss, so the check must see a writer overlap: {control:?}\nlog: {control_log:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_rwlock_under_faults() {
+    rwlock(Backend::Etcd).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_rwlock_under_faults() {
+    rwlock(Backend::ZooKeeper).await;
 }

@@ -8,13 +8,20 @@
 //! With MODE `permits`, each critical section is one of `fencelock_faults::PERMITS` permits of
 //! the semaphore LOCK_NAME.
 //!
-//! Usage: contender BACKEND_URL LOCK_NAME REGISTER_ADDR STEP_MILLIS [lock|elect|permits]
+//! With MODE `rw`, each critical section is a hold of the reader-writer lock LOCK_NAME, to read
+//! and to write in turn (reading first), every third hold a long one. A reader only reads. Here
+//! a holder reports its loss as soon as `lost` fires (not at the next step) and its release
+//! before it releases, so that its belief, as the register logs it, ends before the store can
+//! grant the lock to anyone else: the RW check counts any overlap with a writer, with no
+//! allowance.
+//!
+//! Usage: contender BACKEND_URL LOCK_NAME REGISTER_ADDR STEP_MILLIS [lock|elect|permits|rw]
 #![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a test process: a panic is its report
 
 use std::time::Duration;
 
-use fencelock::{LockBackend, LockBackendExt, LockGuard, LockName, ReleaseOutcome, Wait};
+use fencelock::{Access, LockBackend, LockBackendExt, LockGuard, LockName, ReleaseOutcome, Wait};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
@@ -57,6 +64,10 @@ async fn main() {
         lines: BufReader::new(read).lines(),
         writer,
     };
+    if mode == "rw" {
+        rw_sections(backend.as_ref(), name, &mut register, step, pid).await;
+        return;
+    }
     // Bounded: the harness stops every contender long before this many critical sections.
     for _ in 0..100_000 {
         let guard = match next_section(backend.as_ref(), name, mode, pid).await {
@@ -139,4 +150,97 @@ async fn next_section(
         .acquire_leadership(&LockName::new(name)?, pid.to_string().as_bytes(), limit)
         .await?;
     Ok(leadership.into_guard())
+}
+
+/// Mode `rw`: read holds and write holds in turn. A writer increments the value as in the other
+/// modes; a reader only reads. The belief ends, in the register's log, before the holder lets
+/// go: `LOST` as soon as `lost` fires (the steps select on it), `RELEASED` before `release`.
+async fn rw_sections(
+    backend: &dyn LockBackend,
+    name: &str,
+    register: &mut Register,
+    step: Duration,
+    pid: u32,
+) {
+    let name = LockName::new(name).unwrap();
+    let mut access = Access::Read;
+    let mut granted = 0u64;
+    // Bounded: the harness stops every contender long before this many critical sections.
+    for _ in 0..100_000 {
+        let guard = match backend
+            .acquire_rw(&name, access, Wait::Timeout(Duration::from_secs(30)))
+            .await
+        {
+            Ok(guard) => guard,
+            Err(e) => {
+                eprintln!("contender {pid}: acquire {access:?} failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let token = guard.token().get();
+        let report = match access {
+            Access::Read => format!("ACQUIRED {pid} {token} read"),
+            Access::Write => format!("ACQUIRED {pid} {token}"),
+        };
+        if register.ask(report).await.is_none() {
+            return;
+        }
+        // Every third hold (a read, then a write, in turn) outlasts the 2 s lease: a holder cut
+        // off then hears `lost` mid-hold. The others are short, for many handovers.
+        let steps = if granted % 3 == 2 { 16 } else { 3 };
+        granted += 1;
+        let mut held = true;
+        for _ in 0..steps {
+            if !guard.is_held() {
+                held = false;
+                break;
+            }
+            let Some(reply) = register.ask(format!("READ {pid} {token}")).await else {
+                return;
+            };
+            let mut words = reply.split_whitespace().skip(1);
+            let value: u64 = words.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+            let version: u64 = words.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+            tokio::select! {
+                biased;
+                () = guard.lost() => {
+                    held = false;
+                    break;
+                }
+                () = tokio::time::sleep(step) => {} // the work; a SIGSTOP lands here
+            }
+            if access == Access::Write
+                && register
+                    .ask(format!("WRITE {pid} {token} {} {version}", value + 1))
+                    .await
+                    .is_none()
+            {
+                return;
+            }
+        }
+        if held && guard.is_held() {
+            if register
+                .ask(format!("RELEASED {pid} {token}"))
+                .await
+                .is_none()
+            {
+                return;
+            }
+            match guard.release().await {
+                Ok(ReleaseOutcome::Released) => {}
+                // Held by the guard's account a moment ago: worth a line in the contender's log.
+                outcome => eprintln!("contender {pid}: release of {token}: {outcome:?}"),
+            }
+        } else {
+            if register.ask(format!("LOST {pid} {token}")).await.is_none() {
+                return;
+            }
+            drop(guard);
+        }
+        access = match access {
+            Access::Read => Access::Write,
+            Access::Write => Access::Read,
+        };
+    }
 }
