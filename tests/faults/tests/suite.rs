@@ -207,6 +207,18 @@ async fn zookeeper_with_a_stalled_leader() {
     stalled_leader(Backend::ZooKeeper).await;
 }
 
+/// Partition, leader kill, ZooKeeper's lost replies and follower partition, a stalled leader:
+/// the faults a holder can hear of (the semaphore and RW lock runs).
+fn faults_that_do_not_pause_a_holder() -> Schedule {
+    Schedule::fixed(&[
+        Fault::Partition,
+        Fault::Kill,
+        Fault::LostReplies,
+        Fault::FollowerPartition,
+        Fault::StallLeader,
+    ])
+}
+
 /// A semaphore of two permits under the faults that do not pause a holder (partition, leader
 /// kill, ZooKeeper's lost replies and follower partition, a stalled leader): never more than two
 /// holders at once by their own beliefs, beyond about a round trip where the store removes an
@@ -216,13 +228,7 @@ async fn zookeeper_with_a_stalled_leader() {
 /// register of the lock runs does not apply, so these runs are not fenced.)
 async fn semaphore(backend: Backend) {
     let _serial = SERIAL.lock().await;
-    let faults = Schedule::fixed(&[
-        Fault::Partition,
-        Fault::Kill,
-        Fault::LostReplies,
-        Fault::FollowerPartition,
-        Fault::StallLeader,
-    ]);
+    let faults = faults_that_do_not_pause_a_holder();
     let pool = (backend, Primitive::Semaphore);
     let (report, log, applied) = history(pool, false, &[faults]).await;
     let seen = holders(&log, PERMITS as usize);
@@ -291,13 +297,7 @@ fn rw_row(
 /// fenced, as the semaphore: readers must not admit their tokens at the register.)
 async fn rwlock(backend: Backend) {
     let _serial = SERIAL.lock().await;
-    let faults = Schedule::fixed(&[
-        Fault::Partition,
-        Fault::Kill,
-        Fault::LostReplies,
-        Fault::FollowerPartition,
-        Fault::StallLeader,
-    ]);
+    let faults = faults_that_do_not_pause_a_holder();
     let rw = (backend, Primitive::RwLock);
     let (report, log, applied) = history(rw, false, &[faults]).await;
     let seen = rw_holders(&log);
