@@ -176,18 +176,7 @@ pub async fn run(servers: &Servers) -> Vec<Point> {
     for backend in ["etcd", "zookeeper"] {
         let label = servers.label(backend);
         for n in [2usize, 8, 32] {
-            let mut backends: Vec<Arc<dyn LockBackend>> = Vec::new();
-            let (prefix, base) = (Servers::prefix(), Servers::base());
-            for _ in 0..n {
-                let b: Arc<dyn LockBackend> = if backend == "etcd" {
-                    Arc::new(servers.etcd_backend(&prefix).await)
-                } else {
-                    Arc::new(servers.zk_backend(&base).await)
-                };
-                // Open each session before timing.
-                let _ = b.lock("warm").await.unwrap().release().await.unwrap();
-                backends.push(b);
-            }
+            let backends = servers.contenders(backend, n).await;
             let count = |s: &Servers| -> (u64, u64, u64, u64) {
                 if backend == "etcd" {
                     let sum = |m: &str| (0..s.size).map(|i| s.etcd.rpc_count(i, m)).sum();

@@ -1,7 +1,9 @@
 //! The servers of one size, and clients for them.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use fencelock::{LockBackend, LockBackendExt};
 use fencelock_etcd::{EtcdBackend, EtcdConfig};
 use fencelock_testsupport::{unique, EtcdCluster, ZkEnsemble};
 use fencelock_zookeeper::{ZkBackend, ZkConfig};
@@ -66,6 +68,23 @@ impl Servers {
             .tick_time(fencelock_testsupport::ZK_TICK)
             .session_timeout(Duration::from_secs(10));
         ZkBackend::connect(config).await.unwrap()
+    }
+
+    /// `n` instances of `backend` (`"etcd"` or `"zookeeper"`) on one fresh prefix, each with
+    /// its session already open, so that no timing includes a session's setup.
+    pub async fn contenders(&self, backend: &str, n: usize) -> Vec<Arc<dyn LockBackend>> {
+        let (prefix, base) = (Servers::prefix(), Servers::base());
+        let mut backends: Vec<Arc<dyn LockBackend>> = Vec::with_capacity(n);
+        for _ in 0..n {
+            let b: Arc<dyn LockBackend> = if backend == "etcd" {
+                Arc::new(self.etcd_backend(&prefix).await)
+            } else {
+                Arc::new(self.zk_backend(&base).await)
+            };
+            let _ = b.lock("warm").await.unwrap().release().await.unwrap();
+            backends.push(b);
+        }
+        backends
     }
 
     pub fn prefix() -> String {

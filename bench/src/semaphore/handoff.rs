@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use fencelock::{LockBackend, LockBackendExt, Semaphore};
+use fencelock::{LockBackend, Semaphore};
 use fencelock_testsupport::four_letter;
 
 use crate::servers::Servers;
@@ -165,18 +165,7 @@ pub async fn run(servers: &Servers) {
         let label = servers.label(backend);
         for permits in PERMITS {
             for n in CONTENDERS {
-                let (prefix, base) = (Servers::prefix(), Servers::base());
-                let mut backends: Vec<Arc<dyn LockBackend>> = Vec::new();
-                for _ in 0..n {
-                    let b: Arc<dyn LockBackend> = if backend == "etcd" {
-                        Arc::new(servers.etcd_backend(&prefix).await)
-                    } else {
-                        Arc::new(servers.zk_backend(&base).await)
-                    };
-                    // Open each session before timing.
-                    let _ = b.lock("warm").await.unwrap().release().await.unwrap();
-                    backends.push(b);
-                }
+                let backends = servers.contenders(backend, n).await;
                 let idle_from = counts(servers, backend);
                 tokio::time::sleep(IDLE).await;
                 let idle = delta(counts(servers, backend), idle_from);

@@ -90,12 +90,9 @@ async fn main() {
             if !guard.is_held() {
                 break;
             }
-            let Some(reply) = register.ask(format!("READ {pid} {token}")).await else {
+            let Some((value, version)) = read_register(&mut register, pid, token).await else {
                 return;
             };
-            let mut words = reply.split_whitespace().skip(1);
-            let value: u64 = words.next().and_then(|v| v.parse().ok()).unwrap_or(0);
-            let version: u64 = words.next().and_then(|v| v.parse().ok()).unwrap_or(0);
             tokio::time::sleep(step).await; // the work; a SIGSTOP lands here
             if register
                 .ask(format!("WRITE {pid} {token} {} {version}", value + 1))
@@ -196,12 +193,9 @@ async fn rw_sections(
                 held = false;
                 break;
             }
-            let Some(reply) = register.ask(format!("READ {pid} {token}")).await else {
+            let Some((value, version)) = read_register(register, pid, token).await else {
                 return;
             };
-            let mut words = reply.split_whitespace().skip(1);
-            let value: u64 = words.next().and_then(|v| v.parse().ok()).unwrap_or(0);
-            let version: u64 = words.next().and_then(|v| v.parse().ok()).unwrap_or(0);
             tokio::select! {
                 biased;
                 () = guard.lost() => {
@@ -243,4 +237,14 @@ async fn rw_sections(
             Access::Write => Access::Read,
         };
     }
+}
+
+/// Reads the register as holder `pid` with `token`: its value and version, or `None` when the
+/// register has stopped.
+async fn read_register(register: &mut Register, pid: u32, token: u64) -> Option<(u64, u64)> {
+    let reply = register.ask(format!("READ {pid} {token}")).await?;
+    let mut words = reply.split_whitespace().skip(1);
+    let value = words.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let version = words.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+    Some((value, version))
 }
