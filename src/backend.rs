@@ -121,7 +121,10 @@ pub enum ReleaseOutcome {
 ///    counts the withdrawal in the session's [`raw::Withdrawals`](crate::raw::Withdrawals); a
 ///    new acquire of the same name by the same instance first waits for those
 ///    ([`Withdrawals::settled`](crate::raw::Withdrawals::settled)), or a try right after a
-///    cancelled acquire would find its own leftover;
+///    cancelled acquire would find its own leftover; a refused or timed-out acquire returns
+///    only once its entry is gone
+///    ([`Withdrawals::settle_refusal`](crate::raw::Withdrawals::settle_refusal)), so that no
+///    one sees it queued afterwards;
 /// 6. hand the guard the checkpoint stored under [`StateKey::checkpoint`] at grant time;
 /// 7. build the guard with [`raw::Grant`](crate::raw::Grant), and implement
 ///    [`raw::HeldLock`](crate::raw::HeldLock) for its store half, with every operation checked
@@ -138,7 +141,9 @@ pub trait LockBackend: Send + Sync + fmt::Debug {
     /// # Errors
     /// [`Error::WouldBlock`] (for [`Wait::Try`]), [`Error::Timeout`] (for [`Wait::Timeout`]),
     /// [`Error::LockLost`] if the session ended while waiting, [`Error::Backend`] when the store
-    /// cannot be reached.
+    /// cannot be reached. `WouldBlock` and `Timeout` come once the attempt's queue entry is
+    /// deleted (a timeout may so return up to the request timeout late): a `status` or
+    /// another client's try right after them does not find it.
     ///
     /// # Cancel safety
     /// Cancel-safe: dropping the future removes the waiter from the queue (see the contract).

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::LockName;
+use crate::{Error, LockName, Result};
 
 /// Counts, per lock name, the withdrawals of cancelled acquires still running in the background
 /// (deleting a queue entry whose acquire was dropped or timed out).
@@ -60,6 +60,32 @@ impl Withdrawals {
 }
 
 impl Withdrawals {
+    /// Passes on an acquire's `outcome`, first waiting (at most `limit`) for the withdrawals of
+    /// `name` when it was refused ([`Error::WouldBlock`]) or timed out ([`Error::Timeout`]).
+    ///
+    /// So a refused or timed-out acquire has visibly taken nothing when it returns, as Go's
+    /// `Mutex.Lock` and Curator's `acquire(time)` delete their entry before returning: a
+    /// `status` or another client's try right after it does not find it queued (a writer's
+    /// lingering entry would refuse another client's reader). A timed-out acquire may so
+    /// return up to `limit` after its wait.
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: it only waits; the withdrawals go on.
+    pub async fn settle_refusal<T>(
+        &self,
+        name: &LockName,
+        limit: Duration,
+        outcome: Result<T>,
+    ) -> Result<T> {
+        if matches!(
+            outcome,
+            Err(Error::WouldBlock { .. } | Error::Timeout { .. })
+        ) {
+            self.settled(name, limit).await;
+        }
+        outcome
+    }
+
     /// Waits until no withdrawal of any name is running, for at most `limit` in all (before a
     /// session is closed, so that a process exiting right after a cancelled acquire leaves
     /// nothing queued).
@@ -110,5 +136,44 @@ mod tests {
         drop(two);
         waiter.await.unwrap();
         assert_eq!(tokio::time::Instant::now().elapsed(), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_a_refusal_or_a_timeout_waits_for_the_withdrawals() {
+        let withdrawals = std::sync::Arc::new(Withdrawals::default());
+        let name = LockName::new("a").unwrap();
+        let pending = withdrawals.begin(&name);
+        let limit = Duration::from_secs(60);
+        let start = tokio::time::Instant::now();
+        let granted = withdrawals.settle_refusal(&name, limit, Ok(7)).await;
+        assert_eq!((granted.unwrap(), start.elapsed()), (7, Duration::ZERO));
+        let lost = Err::<(), _>(Error::lost(&name));
+        let lost = withdrawals.settle_refusal(&name, limit, lost).await;
+        assert!(matches!(lost, Err(Error::LockLost { .. })), "{lost:?}");
+        assert_eq!(start.elapsed(), Duration::ZERO);
+        let ends = async {
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            drop(pending);
+        };
+        let refused = Err::<(), _>(Error::would_block(&name));
+        let (refused, ()) = tokio::join!(withdrawals.settle_refusal(&name, limit, refused), ends);
+        assert!(
+            matches!(refused, Err(Error::WouldBlock { .. })),
+            "{refused:?}"
+        );
+        assert_eq!(start.elapsed(), Duration::from_secs(2));
+        let stuck = withdrawals.begin(&name);
+        let timed = Err::<(), _>(Error::Timeout {
+            name: name.to_string(),
+            waited: Duration::from_secs(1),
+        });
+        let timed = withdrawals.settle_refusal(&name, limit, timed).await;
+        assert!(matches!(timed, Err(Error::Timeout { .. })), "{timed:?}");
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_secs(62),
+            "bounded by the limit"
+        );
+        drop(stuck);
     }
 }

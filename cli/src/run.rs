@@ -130,8 +130,9 @@ pub async fn run(
         Err(code) => return code,
     };
     let code = supervise(url, &backend, (name, seek), wait, grace, command).await;
-    // A try or timeout that just failed is still being withdrawn in the background; the
-    // process must not exit before it is done, or the entry waits for the TTL.
+    // A failed try or timeout waited for its withdrawal, but only up to the request timeout,
+    // and a guard's release may still be retried; the process must not exit before they are
+    // done, or the entry waits for the TTL.
     if let Err(e) = backend.close().await {
         say!("fencelock: closing the session failed ({e}); it ends with its lease");
     }

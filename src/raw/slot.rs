@@ -59,6 +59,30 @@ impl<S: Live> SessionSlot<S> {
         Ok(session)
     }
 
+    /// Passes on an acquire's `outcome`; when it was refused or timed out, first waits for the
+    /// live session's withdrawals of `name`, as
+    /// [`Withdrawals::settle_refusal`](crate::raw::Withdrawals::settle_refusal) (with no live
+    /// session, its entries end with the session that is gone).
+    ///
+    /// # Cancel safety
+    /// Cancel-safe: it only waits.
+    pub async fn settle_refusal<T>(
+        &self,
+        withdrawals: impl FnOnce(&S) -> &crate::raw::Withdrawals,
+        name: &crate::LockName,
+        limit: std::time::Duration,
+        outcome: Result<T>,
+    ) -> Result<T> {
+        match self.live().await {
+            Some(session) => {
+                withdrawals(&session)
+                    .settle_refusal(name, limit, outcome)
+                    .await
+            }
+            None => outcome,
+        }
+    }
+
     /// The session if one is live now; never opens one.
     ///
     /// # Cancel safety

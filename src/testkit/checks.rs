@@ -127,7 +127,8 @@ pub async fn tokens_increase<F: BackendFactory>(factory: &F) {
     }
 }
 
-/// `Wait::Try` fails fast with `WouldBlock`, `Wait::Timeout` with `Timeout`; both succeed once free.
+/// `Wait::Try` fails fast with `WouldBlock`, `Wait::Timeout` with `Timeout`, and neither is
+/// queued when it returns; both succeed once free.
 pub async fn try_and_timeout<F: BackendFactory>(factory: &F) {
     let name = factory.name("try");
     let (a, b) = (factory.connect().await, factory.connect().await);
@@ -146,6 +147,17 @@ pub async fn try_and_timeout<F: BackendFactory>(factory: &F) {
         matches!(timed, Err(Error::Timeout { .. })),
         "timeout on a held lock: {timed:?}"
     );
+    // Both returned only once their entries were gone, as Go's `Mutex.Lock` and Curator's
+    // `acquire(time)` delete theirs before returning: no one sees them queued.
+    match bounded("status", a.status(&name)).await {
+        Ok(status) => assert_eq!(
+            (status.holder, status.waiting),
+            (Some(held.token()), 0),
+            "a refused try or a timed-out acquire is still queued: {status:?}"
+        ),
+        Err(Error::Unsupported { .. }) => {}
+        Err(e) => panic!("try: status: {e}"),
+    }
     release("try: holder", held).await;
     let tried = ok(
         "try on a free lock",

@@ -131,8 +131,9 @@ pub async fn semaphore_lost_permit_returns<F: BackendFactory>(factory: &F) {
     release("lost: waiter", next).await;
 }
 
-/// A timed-out and a dropped permit acquire leave nothing behind: once a holder releases, a
-/// try gets its permit at once, and the status shows no waiter.
+/// A timed-out and a refused permit acquire are not queued when they return; they and a
+/// dropped one leave nothing behind: once a holder releases, a try gets its permit at once, and
+/// the status shows no waiter.
 pub async fn semaphore_cancelled_acquire_leaves_nothing<F: BackendFactory>(factory: &F) {
     const N: u32 = 2;
     let name = factory.name("sem-cancel");
@@ -148,6 +149,18 @@ pub async fn semaphore_cancelled_acquire_leaves_nothing<F: BackendFactory>(facto
         .acquire_permit(&name, N, Wait::Timeout(Duration::from_millis(300)))
         .await;
     assert!(matches!(timed, Err(Error::Timeout { .. })), "{timed:?}");
+    let tried = bounded("cancel: try", c.acquire_permit(&name, N, Wait::Try)).await;
+    assert!(matches!(tried, Err(Error::WouldBlock { .. })), "{tried:?}");
+    // Both returned only once their entries were gone: no one sees them queued.
+    let status = ok(
+        "cancel: status",
+        bounded("status", d.permit_status(&name)).await,
+    );
+    assert_eq!(
+        (status.holders, status.waiting),
+        (2, 0),
+        "a refused try or a timed-out acquire is still queued: {status:?}"
+    );
     let dropped = tokio::time::timeout(
         Duration::from_millis(300),
         c.acquire_permit(&name, N, Wait::Forever),

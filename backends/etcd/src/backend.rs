@@ -119,6 +119,14 @@ impl EtcdBackend {
         }
     }
 
+    /// A refused or timed-out acquire returns once its keys are deleted.
+    async fn settled<T>(&self, name: &LockName, outcome: Result<T>) -> Result<T> {
+        let limit = self.config.request_timeout;
+        self.session
+            .settle_refusal(|s| &s.withdrawals, name, limit, outcome)
+            .await
+    }
+
     async fn session(&self) -> Result<Arc<Session>> {
         self.session
             .get_or_open(|| Session::grant(&self.client, &self.config))
@@ -421,16 +429,18 @@ impl LockBackend for EtcdBackend {
 
     async fn acquire(&self, name: &LockName, wait: Wait) -> Result<LockGuard> {
         let try_once = wait == Wait::Try;
-        wait.limit(KIND, name, async {
-            match self.acquire_once(name, try_once, Entry::Lock).await {
-                // The session was lost on the spot; one more try opens a new one.
-                Err(e) if crate::lease_gone(&e) => {
-                    self.acquire_once(name, try_once, Entry::Lock).await
+        let outcome = wait
+            .limit(KIND, name, async {
+                match self.acquire_once(name, try_once, Entry::Lock).await {
+                    // The session was lost on the spot; one more try opens a new one.
+                    Err(e) if crate::lease_gone(&e) => {
+                        self.acquire_once(name, try_once, Entry::Lock).await
+                    }
+                    outcome => outcome,
                 }
-                outcome => outcome,
-            }
-        })
-        .await
+            })
+            .await;
+        self.settled(name, outcome).await
     }
 
     async fn acquire_leadership(
@@ -441,7 +451,7 @@ impl LockBackend for EtcdBackend {
     ) -> Result<Leadership> {
         let try_once = wait == Wait::Try;
         let entry = Entry::Candidate(value);
-        let guard = wait
+        let outcome = wait
             .limit(KIND, name, async {
                 match self.acquire_once(name, try_once, entry).await {
                     Err(e) if crate::lease_gone(&e) => {
@@ -450,33 +460,40 @@ impl LockBackend for EtcdBackend {
                     outcome => outcome,
                 }
             })
-            .await?;
+            .await;
+        let guard = self.settled(name, outcome).await?;
         Ok(Leadership::new(guard, value.to_vec()))
     }
 
     async fn acquire_permit(&self, name: &LockName, permits: u32, wait: Wait) -> Result<LockGuard> {
         fencelock::raw::check_permits(permits)?;
         let try_once = wait == Wait::Try;
-        wait.limit(KIND, name, async {
-            match self.acquire_permit_once(name, permits, try_once).await {
-                Err(e) if crate::lease_gone(&e) => {
-                    self.acquire_permit_once(name, permits, try_once).await
+        let outcome = wait
+            .limit(KIND, name, async {
+                match self.acquire_permit_once(name, permits, try_once).await {
+                    Err(e) if crate::lease_gone(&e) => {
+                        self.acquire_permit_once(name, permits, try_once).await
+                    }
+                    outcome => outcome,
                 }
-                outcome => outcome,
-            }
-        })
-        .await
+            })
+            .await;
+        self.settled(name, outcome).await
     }
 
     async fn acquire_rw(&self, name: &LockName, access: Access, wait: Wait) -> Result<LockGuard> {
         let (try_once, entry) = (wait == Wait::Try, Entry::Rw(access));
-        wait.limit(KIND, name, async {
-            match self.acquire_once(name, try_once, entry).await {
-                Err(e) if crate::lease_gone(&e) => self.acquire_once(name, try_once, entry).await,
-                outcome => outcome,
-            }
-        })
-        .await
+        let outcome = wait
+            .limit(KIND, name, async {
+                match self.acquire_once(name, try_once, entry).await {
+                    Err(e) if crate::lease_gone(&e) => {
+                        self.acquire_once(name, try_once, entry).await
+                    }
+                    outcome => outcome,
+                }
+            })
+            .await;
+        self.settled(name, outcome).await
     }
 
     async fn permit_status(&self, name: &LockName) -> Result<LockStatus> {

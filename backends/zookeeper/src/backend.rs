@@ -125,6 +125,14 @@ impl ZkBackend {
             .await
     }
 
+    /// A refused or timed-out acquire returns once its nodes are deleted.
+    async fn settled<T>(&self, name: &LockName, outcome: Result<T>) -> Result<T> {
+        let limit = self.config.request_timeout;
+        self.session
+            .settle_refusal(|s| &s.withdrawals, name, limit, outcome)
+            .await
+    }
+
     async fn acquire_once(
         &self,
         name: &LockName,
@@ -331,12 +339,14 @@ impl LockBackend for ZkBackend {
 
     async fn acquire(&self, name: &LockName, wait: Wait) -> Result<LockGuard> {
         check_name(name)?;
-        wait.limit(
-            KIND,
-            name,
-            self.acquire_once(name, wait == Wait::Try, Entry::Lock),
-        )
-        .await
+        let outcome = wait
+            .limit(
+                KIND,
+                name,
+                self.acquire_once(name, wait == Wait::Try, Entry::Lock),
+            )
+            .await;
+        self.settled(name, outcome).await
     }
 
     async fn acquire_leadership(
@@ -347,35 +357,40 @@ impl LockBackend for ZkBackend {
     ) -> Result<Leadership> {
         check_name(name)?;
         let entry = Entry::Candidate(value);
-        let guard = wait
+        let outcome = wait
             .limit(
                 KIND,
                 name,
                 self.acquire_once(name, wait == Wait::Try, entry),
             )
-            .await?;
+            .await;
+        let guard = self.settled(name, outcome).await?;
         Ok(Leadership::new(guard, value.to_vec()))
     }
 
     async fn acquire_permit(&self, name: &LockName, permits: u32, wait: Wait) -> Result<LockGuard> {
         check_name(name)?;
         fencelock::raw::check_permits(permits)?;
-        wait.limit(
-            KIND,
-            name,
-            self.acquire_permit_once(name, permits, wait == Wait::Try),
-        )
-        .await
+        let outcome = wait
+            .limit(
+                KIND,
+                name,
+                self.acquire_permit_once(name, permits, wait == Wait::Try),
+            )
+            .await;
+        self.settled(name, outcome).await
     }
 
     async fn acquire_rw(&self, name: &LockName, access: Access, wait: Wait) -> Result<LockGuard> {
         check_name(name)?;
-        wait.limit(
-            KIND,
-            name,
-            self.acquire_once(name, wait == Wait::Try, Entry::Rw(access)),
-        )
-        .await
+        let outcome = wait
+            .limit(
+                KIND,
+                name,
+                self.acquire_once(name, wait == Wait::Try, Entry::Rw(access)),
+            )
+            .await;
+        self.settled(name, outcome).await
     }
 
     async fn permit_status(&self, name: &LockName) -> Result<LockStatus> {
