@@ -1,7 +1,7 @@
-//! `cargo run --release -p fencelock-bench -- all`: latency, handoff, semaphores, scale, loss
-//! detection and election failover on
-//! real etcd and ZooKeeper (single node and 3-node cluster), each figure next to its limit and
-//! the peer clients, as ratios measured in the same run. Writes `target/bench/handoff.svg`.
+//! `cargo run --release -p fencelock-bench -- all`: latency, handoff, semaphores, many locks at
+//! once, scale, loss detection and election failover on real etcd and ZooKeeper (single node and
+//! 3-node cluster), each figure next to its limit and the peer clients, as ratios measured in
+//! the same run. Writes `target/bench/handoff.svg`.
 #![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: a panic is the report
 
@@ -10,6 +10,7 @@ mod fence;
 mod handoff;
 mod latency;
 mod loss;
+mod many;
 mod plot;
 mod scale;
 mod semaphore;
@@ -32,6 +33,7 @@ async fn main() {
         "handoff",
         "semaphore",
         "scale",
+        "many",
         "loss",
         "failover",
         "fence",
@@ -56,6 +58,9 @@ async fn main() {
         }
         if wants("semaphore") {
             semaphore::run(&servers).await;
+        }
+        if wants("many") {
+            many::run(&servers).await;
         }
         if size == 1 && wants("scale") {
             scale::run(&servers).await;

@@ -1,0 +1,283 @@
+//! Many locks at once, as a service uses a lock library: K tasks in one process, each acquiring
+//! and releasing a name of its own in a loop, for fencelock (one backend instance), the same
+//! requests sent raw (one client) and the peer client (one client), at the same K. Then one
+//! name contended by K tasks of one process: fencelock hands it on within the process (the
+//! per-name turn), so its rate is measured against one task's raw loop, which is what a
+//! handover that adds no round trip costs.
+//!
+//! Client CPU per operation is this process's user + system time (from `/proc/self/stat`, in
+//! 10 ms ticks) over the operations: the servers are other processes.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use etcd_client::{Compare, CompareOp, LockOptions, PutOptions, Txn, TxnOp};
+use fencelock::{LockBackend, LockBackendExt};
+use zookeeper_client::{Acls, CreateMode, LockOptions as ZkLockOptions, LockPrefix};
+
+use crate::servers::Servers;
+use crate::stats::{ms, percentiles};
+
+const KS: [usize; 4] = [1, 16, 256, 1024];
+/// How long each client runs at each K.
+const SPAN: Duration = Duration::from_secs(3);
+/// The raw and peer etcd leases' TTL in seconds: longer than the whole run.
+const LEASE: i64 = 600;
+
+/// One acquire + release by task `i`.
+type Op = Arc<dyn Fn(usize) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send + Sync>;
+
+struct Figures {
+    per_sec: f64,
+    p50: Duration,
+    p99: Duration,
+    cpu_per_op: Duration,
+}
+
+/// This process's CPU time so far (user + system), from `/proc/self/stat` in clock ticks of
+/// 10 ms (`CLK_TCK` is 100 on Linux).
+fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after_name = stat.rsplit(')').next().unwrap_or_default();
+    let fields: Vec<u64> = after_name
+        .split_whitespace()
+        .skip(11) // state .. cmajflt: utime and stime come next
+        .take(2)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    Duration::from_millis(fields.iter().sum::<u64>() * 10)
+}
+
+/// Runs `k` tasks, each calling `op` in a loop for [`SPAN`].
+async fn measure(k: usize, op: &Op) -> Figures {
+    // A round of each task first, so that no figure includes setup (sessions, directories).
+    let warm: Vec<_> = (0..k).map(|i| tokio::spawn(op(i))).collect();
+    for task in warm {
+        task.await.unwrap();
+    }
+    let samples = Arc::new(Mutex::new(Vec::new()));
+    let (start, cpu) = (Instant::now(), cpu_time());
+    let tasks: Vec<_> = (0..k)
+        .map(|i| {
+            let (op, samples) = (Arc::clone(op), Arc::clone(&samples));
+            tokio::spawn(async move {
+                let mut mine = Vec::new();
+                while start.elapsed() < SPAN {
+                    let at = Instant::now();
+                    op(i).await;
+                    mine.push(at.elapsed());
+                }
+                samples.lock().unwrap().extend(mine);
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let (elapsed, cpu) = (start.elapsed(), cpu_time().saturating_sub(cpu));
+    let mut samples = samples.lock().unwrap();
+    let ops = samples.len().max(1);
+    let (p50, p99) = percentiles(&mut samples);
+    Figures {
+        per_sec: ops as f64 / elapsed.as_secs_f64(),
+        p50,
+        p99,
+        cpu_per_op: cpu / u32::try_from(ops).unwrap_or(u32::MAX),
+    }
+}
+
+fn row(setup: &str, names: &str, k: usize, client: &str, f: &Figures, base: f64) {
+    println!(
+        "| {setup} | {names} | {k} | {client} | {:.0} | {} | {} | {:.0} µs | {:.2}x |",
+        f.per_sec,
+        ms(f.p50),
+        ms(f.p99),
+        f.cpu_per_op.as_secs_f64() * 1e6,
+        f.per_sec / base
+    );
+}
+
+/// Each K: fencelock, raw and peer on names of their own; then fencelock and the peer on one
+/// name, against the raw rate at K = 1.
+async fn table(setup: &str, ours: Op, raw: Op, peer: Op, ours_one: Op, peer_one: Op) {
+    let mut raw_alone = None;
+    for k in KS {
+        let raw_figures = measure(k, &raw).await;
+        let raw_rate = raw_figures.per_sec;
+        raw_alone.get_or_insert(raw_rate);
+        row(
+            setup,
+            "own",
+            k,
+            "fencelock",
+            &measure(k, &ours).await,
+            raw_rate,
+        );
+        row(setup, "own", k, "raw", &raw_figures, raw_rate);
+        row(setup, "own", k, "peer", &measure(k, &peer).await, raw_rate);
+    }
+    let raw_alone = raw_alone.unwrap_or(1.0);
+    for k in KS.into_iter().filter(|&k| k > 1) {
+        let f = measure(k, &ours_one).await;
+        row(setup, "one", k, "fencelock", &f, raw_alone);
+        row(
+            setup,
+            "one",
+            k,
+            "peer",
+            &measure(k, &peer_one).await,
+            raw_alone,
+        );
+    }
+}
+
+pub async fn run(servers: &Servers) {
+    println!(
+        "\n### Many locks at once ({}; {:?} per figure; ratio: operations per second over the raw requests' at the same K, or for one name over one task's raw loop)\n",
+        servers.member0(),
+        SPAN
+    );
+    println!(
+        "| setup | names | K tasks | client | ops/s | p50 | p99 | client CPU per op | ops/s / raw |\n|---|---|---|---|---|---|---|---|---|"
+    );
+    etcd(servers).await;
+    zookeeper(servers).await;
+}
+
+fn fencelock_ops(backend: Arc<dyn LockBackend>) -> (Op, Op) {
+    let one = Arc::clone(&backend);
+    let own: Op = Arc::new(move |i| {
+        let backend = Arc::clone(&backend);
+        Box::pin(async move {
+            let guard = backend.lock(&format!("many{i}")).await.unwrap();
+            let _ = guard.release().await.unwrap();
+        })
+    });
+    let shared: Op = Arc::new(move |_| {
+        let backend = Arc::clone(&one);
+        Box::pin(async move {
+            let guard = backend.lock("one").await.unwrap();
+            let _ = guard.release().await.unwrap();
+        })
+    });
+    (own, shared)
+}
+
+async fn etcd(servers: &Servers) {
+    let prefix = Servers::prefix();
+    let backend: Arc<dyn LockBackend> = Arc::new(servers.etcd_backend(&prefix).await);
+    let (ours, ours_one) = fencelock_ops(backend);
+    let client = etcd_client::Client::connect(servers.etcd_endpoint(), None)
+        .await
+        .unwrap();
+    // Leases that outlast the whole run, so that nothing needs keeping alive.
+    let lease = client.clone().lease_grant(LEASE, None).await.unwrap().id();
+    let raw: Op = {
+        let (client, prefix) = (client.clone(), prefix.clone());
+        Arc::new(move |i| {
+            let (mut client, key) = (client.clone(), format!("{prefix}raw{i}/{lease:x}"));
+            Box::pin(async move {
+                let put = Txn::new()
+                    .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
+                    .and_then([TxnOp::put(
+                        key.as_str(),
+                        "",
+                        Some(PutOptions::new().with_lease(lease)),
+                    )]);
+                let rev = client.txn(put).await.unwrap().header().unwrap().revision();
+                let delete = Txn::new()
+                    .when([Compare::create_revision(
+                        key.as_str(),
+                        CompareOp::Equal,
+                        rev,
+                    )])
+                    .and_then([TxnOp::delete(key.as_str(), None)]);
+                client.txn(delete).await.unwrap();
+            })
+        })
+    };
+    let peer: Op = {
+        let (client, prefix) = (client.clone(), prefix.clone());
+        Arc::new(move |i| {
+            let (mut client, name) = (client.clone(), format!("{prefix}peer{i}"));
+            Box::pin(async move {
+                let options = LockOptions::new().with_lease(lease);
+                let locked = client.lock(name, Some(options)).await.unwrap();
+                client.unlock(locked.key().to_vec()).await.unwrap();
+            })
+        })
+    };
+    // One name: each peer task needs a lease of its own (the lock RPC's key is the name plus
+    // the lease, so tasks sharing a lease would share the key).
+    let mut leases = Vec::new();
+    for _ in 0..KS[KS.len() - 1] {
+        leases.push(client.clone().lease_grant(LEASE, None).await.unwrap().id());
+    }
+    let peer_one: Op = {
+        let (client, name) = (client.clone(), format!("{prefix}peer-one"));
+        Arc::new(move |i| {
+            let (mut client, name, lease) = (client.clone(), name.clone(), leases[i]);
+            Box::pin(async move {
+                let options = LockOptions::new().with_lease(lease);
+                let locked = client.lock(name, Some(options)).await.unwrap();
+                client.unlock(locked.key().to_vec()).await.unwrap();
+            })
+        })
+    };
+    table(&servers.label("etcd"), ours, raw, peer, ours_one, peer_one).await;
+}
+
+async fn zookeeper(servers: &Servers) {
+    let base = Servers::base();
+    let backend: Arc<dyn LockBackend> = Arc::new(servers.zk_backend(&base).await);
+    let (ours, ours_one) = fencelock_ops(backend);
+    let zk = zookeeper_client::Client::connect(&servers.zk_connect())
+        .await
+        .unwrap();
+    let persistent = CreateMode::Persistent.with_acls(Acls::anyone_all());
+    for i in 0..KS[KS.len() - 1] {
+        zk.mkdir(&format!("{base}/raw{i}"), &persistent)
+            .await
+            .unwrap();
+    }
+    let raw: Op = {
+        let (zk, base) = (zk.clone(), base.clone());
+        Arc::new(move |i| {
+            let (zk, dir) = (zk.clone(), format!("{base}/raw{i}"));
+            Box::pin(async move {
+                let mode = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+                let (_, seq) = zk.create(&format!("{dir}/n-"), b"", &mode).await.unwrap();
+                zk.list_children(&dir).await.unwrap();
+                zk.delete(&format!("{dir}/n-{seq}"), None).await.unwrap();
+            })
+        })
+    };
+    let peer_op = |zk: zookeeper_client::Client, dir: String| async move {
+        let options = ZkLockOptions::new(Acls::anyone_all())
+            .with_ancestor_options(CreateMode::Persistent.with_acls(Acls::anyone_all()))
+            .unwrap();
+        let prefix = LockPrefix::new_curator(&dir, "lock-").unwrap();
+        let lock = zk.lock(prefix, b"", options).await.unwrap();
+        // Its drop deletes in the background; delete here to time a synchronous release.
+        zk.delete(lock.lock_path(), None).await.unwrap();
+    };
+    let peer: Op = {
+        let (zk, base) = (zk.clone(), base.clone());
+        Arc::new(move |i| Box::pin(peer_op(zk.clone(), format!("{base}/peer{i}"))))
+    };
+    let peer_one: Op = {
+        let (zk, dir) = (zk.clone(), format!("{base}/peer-one"));
+        Arc::new(move |_| Box::pin(peer_op(zk.clone(), dir.clone())))
+    };
+    table(
+        &servers.label("zookeeper"),
+        ours,
+        raw,
+        peer,
+        ours_one,
+        peer_one,
+    )
+    .await;
+}
