@@ -87,34 +87,11 @@ async fn etcd(servers: &Servers) {
     let ours = fencelock_op(&backend);
     let raw: Op = Box::new(|| {
         let (mut client, key) = (client.clone(), raw_key.clone());
-        Box::pin(async move {
-            let put = Txn::new()
-                .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
-                .and_then([TxnOp::put(
-                    key.as_str(),
-                    "",
-                    Some(PutOptions::new().with_lease(lease)),
-                )]);
-            let rev = client.txn(put).await.unwrap().header().unwrap().revision();
-            let delete = Txn::new()
-                .when([Compare::create_revision(
-                    key.as_str(),
-                    CompareOp::Equal,
-                    rev,
-                )])
-                .and_then([TxnOp::delete(key.as_str(), None)]);
-            client.txn(delete).await.unwrap();
-        })
+        Box::pin(async move { etcd_raw(&mut client, &key, lease).await })
     });
     let peer: Op = Box::new(|| {
         let (mut client, name) = (client.clone(), peer_name.clone());
-        Box::pin(async move {
-            let locked = client
-                .lock(name, Some(LockOptions::new().with_lease(lease)))
-                .await
-                .unwrap();
-            client.unlock(locked.key().to_vec()).await.unwrap();
-        })
+        Box::pin(async move { etcd_peer(&mut client, name, lease).await })
     });
     let figures = interleaved(vec![ours, raw, peer]).await;
     rows(
@@ -142,36 +119,11 @@ async fn zookeeper(servers: &Servers) {
     let ours = fencelock_op(&backend);
     let raw: Op = Box::new(|| {
         let (zk, dir) = (&zk, dir.clone());
-        Box::pin(async move {
-            let (_, seq) = zk
-                .create(
-                    &format!("{dir}/n-"),
-                    b"",
-                    &CreateMode::EphemeralSequential.with_acls(Acls::anyone_all()),
-                )
-                .await
-                .unwrap();
-            zk.list_children(&dir).await.unwrap();
-            zk.delete(&format!("{dir}/n-{seq}"), None).await.unwrap();
-        })
+        Box::pin(async move { zk_raw(zk, &dir).await })
     });
     let peer: Op = Box::new(|| {
         let (zk, dir) = (&zk, peer_dir.clone());
-        Box::pin(async move {
-            let options = ZkLockOptions::new(Acls::anyone_all())
-                .with_ancestor_options(CreateMode::Persistent.with_acls(Acls::anyone_all()))
-                .unwrap();
-            let lock = zk
-                .lock(
-                    LockPrefix::new_curator(&dir, "lock-").unwrap(),
-                    b"",
-                    options,
-                )
-                .await
-                .unwrap();
-            // Its drop deletes in the background; delete here to time a synchronous release.
-            zk.delete(lock.lock_path(), None).await.unwrap();
-        })
+        Box::pin(async move { zk_peer(zk, &dir).await })
     });
     let figures = interleaved(vec![ours, raw, peer]).await;
     rows(
@@ -183,4 +135,49 @@ async fn zookeeper(servers: &Servers) {
         ],
         &figures,
     );
+}
+
+/// The raw etcd lock (shared with `many`): a put of `key` under `lease` if it is absent, then a
+/// delete of that very key (compared on its create revision).
+pub async fn etcd_raw(client: &mut etcd_client::Client, key: &str, lease: i64) {
+    let put = Txn::new()
+        .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+        .and_then([TxnOp::put(
+            key,
+            "",
+            Some(PutOptions::new().with_lease(lease)),
+        )]);
+    let rev = client.txn(put).await.unwrap().header().unwrap().revision();
+    let delete = Txn::new()
+        .when([Compare::create_revision(key, CompareOp::Equal, rev)])
+        .and_then([TxnOp::delete(key, None)]);
+    client.txn(delete).await.unwrap();
+}
+
+/// The etcd peer (shared with `many`): etcd-client's lock RPC on `name` under `lease`, then
+/// unlock.
+pub async fn etcd_peer(client: &mut etcd_client::Client, name: String, lease: i64) {
+    let options = LockOptions::new().with_lease(lease);
+    let locked = client.lock(name, Some(options)).await.unwrap();
+    client.unlock(locked.key().to_vec()).await.unwrap();
+}
+
+/// The raw ZooKeeper lock (shared with `many`): a sequential node in `dir`, the listing that
+/// finds it first, its delete.
+pub async fn zk_raw(zk: &zookeeper_client::Client, dir: &str) {
+    let mode = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
+    let (_, seq) = zk.create(&format!("{dir}/n-"), b"", &mode).await.unwrap();
+    zk.list_children(dir).await.unwrap();
+    zk.delete(&format!("{dir}/n-{seq}"), None).await.unwrap();
+}
+
+/// The ZooKeeper peer (shared with `many`): zookeeper-client's `Client::lock` in `dir`.
+pub async fn zk_peer(zk: &zookeeper_client::Client, dir: &str) {
+    let options = ZkLockOptions::new(Acls::anyone_all())
+        .with_ancestor_options(CreateMode::Persistent.with_acls(Acls::anyone_all()))
+        .unwrap();
+    let prefix = LockPrefix::new_curator(dir, "lock-").unwrap();
+    let lock = zk.lock(prefix, b"", options).await.unwrap();
+    // Its drop deletes in the background; delete here to time a synchronous release.
+    zk.delete(lock.lock_path(), None).await.unwrap();
 }

@@ -13,10 +13,10 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use etcd_client::{Compare, CompareOp, LockOptions, PutOptions, Txn, TxnOp};
 use fencelock::{LockBackend, LockBackendExt};
-use zookeeper_client::{Acls, CreateMode, LockOptions as ZkLockOptions, LockPrefix};
+use zookeeper_client::{Acls, CreateMode};
 
+use crate::latency::{etcd_peer, etcd_raw, zk_peer, zk_raw};
 use crate::servers::Servers;
 use crate::stats::{ms, percentiles};
 
@@ -178,35 +178,14 @@ async fn etcd(servers: &Servers) {
         let (client, prefix) = (client.clone(), prefix.clone());
         Arc::new(move |i| {
             let (mut client, key) = (client.clone(), format!("{prefix}raw{i}/{lease:x}"));
-            Box::pin(async move {
-                let put = Txn::new()
-                    .when([Compare::create_revision(key.as_str(), CompareOp::Equal, 0)])
-                    .and_then([TxnOp::put(
-                        key.as_str(),
-                        "",
-                        Some(PutOptions::new().with_lease(lease)),
-                    )]);
-                let rev = client.txn(put).await.unwrap().header().unwrap().revision();
-                let delete = Txn::new()
-                    .when([Compare::create_revision(
-                        key.as_str(),
-                        CompareOp::Equal,
-                        rev,
-                    )])
-                    .and_then([TxnOp::delete(key.as_str(), None)]);
-                client.txn(delete).await.unwrap();
-            })
+            Box::pin(async move { etcd_raw(&mut client, &key, lease).await })
         })
     };
     let peer: Op = {
         let (client, prefix) = (client.clone(), prefix.clone());
         Arc::new(move |i| {
             let (mut client, name) = (client.clone(), format!("{prefix}peer{i}"));
-            Box::pin(async move {
-                let options = LockOptions::new().with_lease(lease);
-                let locked = client.lock(name, Some(options)).await.unwrap();
-                client.unlock(locked.key().to_vec()).await.unwrap();
-            })
+            Box::pin(async move { etcd_peer(&mut client, name, lease).await })
         })
     };
     // One name: each peer task needs a lease of its own (the lock RPC's key is the name plus
@@ -219,11 +198,7 @@ async fn etcd(servers: &Servers) {
         let (client, name) = (client.clone(), format!("{prefix}peer-one"));
         Arc::new(move |i| {
             let (mut client, name, lease) = (client.clone(), name.clone(), leases[i]);
-            Box::pin(async move {
-                let options = LockOptions::new().with_lease(lease);
-                let locked = client.lock(name, Some(options)).await.unwrap();
-                client.unlock(locked.key().to_vec()).await.unwrap();
-            })
+            Box::pin(async move { etcd_peer(&mut client, name, lease).await })
         })
     };
     table(&servers.label("etcd"), ours, raw, peer, ours_one, peer_one).await;
@@ -246,30 +221,22 @@ async fn zookeeper(servers: &Servers) {
         let (zk, base) = (zk.clone(), base.clone());
         Arc::new(move |i| {
             let (zk, dir) = (zk.clone(), format!("{base}/raw{i}"));
-            Box::pin(async move {
-                let mode = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
-                let (_, seq) = zk.create(&format!("{dir}/n-"), b"", &mode).await.unwrap();
-                zk.list_children(&dir).await.unwrap();
-                zk.delete(&format!("{dir}/n-{seq}"), None).await.unwrap();
-            })
+            Box::pin(async move { zk_raw(&zk, &dir).await })
         })
-    };
-    let peer_op = |zk: zookeeper_client::Client, dir: String| async move {
-        let options = ZkLockOptions::new(Acls::anyone_all())
-            .with_ancestor_options(CreateMode::Persistent.with_acls(Acls::anyone_all()))
-            .unwrap();
-        let prefix = LockPrefix::new_curator(&dir, "lock-").unwrap();
-        let lock = zk.lock(prefix, b"", options).await.unwrap();
-        // Its drop deletes in the background; delete here to time a synchronous release.
-        zk.delete(lock.lock_path(), None).await.unwrap();
     };
     let peer: Op = {
         let (zk, base) = (zk.clone(), base.clone());
-        Arc::new(move |i| Box::pin(peer_op(zk.clone(), format!("{base}/peer{i}"))))
+        Arc::new(move |i| {
+            let (zk, dir) = (zk.clone(), format!("{base}/peer{i}"));
+            Box::pin(async move { zk_peer(&zk, &dir).await })
+        })
     };
     let peer_one: Op = {
         let (zk, dir) = (zk.clone(), format!("{base}/peer-one"));
-        Arc::new(move |_| Box::pin(peer_op(zk.clone(), dir.clone())))
+        Arc::new(move |_| {
+            let (zk, dir) = (zk.clone(), dir.clone());
+            Box::pin(async move { zk_peer(&zk, &dir).await })
+        })
     };
     table(
         &servers.label("zookeeper"),

@@ -119,8 +119,26 @@ impl EtcdBackend {
         }
     }
 
-    /// A refused or timed-out acquire returns once its keys are deleted.
-    async fn settled<T>(&self, name: &LockName, outcome: Result<T>) -> Result<T> {
+    /// Runs `attempt` under `wait`, once more (on a new session) when the session was lost on
+    /// the spot; a refused or timed-out acquire returns once its keys are deleted.
+    async fn acquire_with<T, Fut>(
+        &self,
+        name: &LockName,
+        wait: Wait,
+        attempt: impl Fn() -> Fut + Send + Sync,
+    ) -> Result<T>
+    where
+        T: Send,
+        Fut: std::future::Future<Output = Result<T>> + Send,
+    {
+        let outcome = wait
+            .limit(KIND, name, async {
+                match attempt().await {
+                    Err(e) if crate::lease_gone(&e) => attempt().await,
+                    outcome => outcome,
+                }
+            })
+            .await;
         let limit = self.config.request_timeout;
         self.session
             .settle_refusal(|s| &s.withdrawals, name, limit, outcome)
@@ -429,18 +447,10 @@ impl LockBackend for EtcdBackend {
 
     async fn acquire(&self, name: &LockName, wait: Wait) -> Result<LockGuard> {
         let try_once = wait == Wait::Try;
-        let outcome = wait
-            .limit(KIND, name, async {
-                match self.acquire_once(name, try_once, Entry::Lock).await {
-                    // The session was lost on the spot; one more try opens a new one.
-                    Err(e) if crate::lease_gone(&e) => {
-                        self.acquire_once(name, try_once, Entry::Lock).await
-                    }
-                    outcome => outcome,
-                }
-            })
-            .await;
-        self.settled(name, outcome).await
+        self.acquire_with(name, wait, || {
+            self.acquire_once(name, try_once, Entry::Lock)
+        })
+        .await
     }
 
     async fn acquire_leadership(
@@ -449,51 +459,26 @@ impl LockBackend for EtcdBackend {
         value: &[u8],
         wait: Wait,
     ) -> Result<Leadership> {
-        let try_once = wait == Wait::Try;
-        let entry = Entry::Candidate(value);
-        let outcome = wait
-            .limit(KIND, name, async {
-                match self.acquire_once(name, try_once, entry).await {
-                    Err(e) if crate::lease_gone(&e) => {
-                        self.acquire_once(name, try_once, entry).await
-                    }
-                    outcome => outcome,
-                }
-            })
-            .await;
-        let guard = self.settled(name, outcome).await?;
+        let (try_once, entry) = (wait == Wait::Try, Entry::Candidate(value));
+        let guard = self
+            .acquire_with(name, wait, || self.acquire_once(name, try_once, entry))
+            .await?;
         Ok(Leadership::new(guard, value.to_vec()))
     }
 
     async fn acquire_permit(&self, name: &LockName, permits: u32, wait: Wait) -> Result<LockGuard> {
         fencelock::raw::check_permits(permits)?;
         let try_once = wait == Wait::Try;
-        let outcome = wait
-            .limit(KIND, name, async {
-                match self.acquire_permit_once(name, permits, try_once).await {
-                    Err(e) if crate::lease_gone(&e) => {
-                        self.acquire_permit_once(name, permits, try_once).await
-                    }
-                    outcome => outcome,
-                }
-            })
-            .await;
-        self.settled(name, outcome).await
+        self.acquire_with(name, wait, || {
+            self.acquire_permit_once(name, permits, try_once)
+        })
+        .await
     }
 
     async fn acquire_rw(&self, name: &LockName, access: Access, wait: Wait) -> Result<LockGuard> {
         let (try_once, entry) = (wait == Wait::Try, Entry::Rw(access));
-        let outcome = wait
-            .limit(KIND, name, async {
-                match self.acquire_once(name, try_once, entry).await {
-                    Err(e) if crate::lease_gone(&e) => {
-                        self.acquire_once(name, try_once, entry).await
-                    }
-                    outcome => outcome,
-                }
-            })
-            .await;
-        self.settled(name, outcome).await
+        self.acquire_with(name, wait, || self.acquire_once(name, try_once, entry))
+            .await
     }
 
     async fn permit_status(&self, name: &LockName) -> Result<LockStatus> {

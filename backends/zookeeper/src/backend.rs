@@ -125,8 +125,15 @@ impl ZkBackend {
             .await
     }
 
-    /// A refused or timed-out acquire returns once its nodes are deleted.
-    async fn settled<T>(&self, name: &LockName, outcome: Result<T>) -> Result<T> {
+    /// Runs `attempt` under `wait`; a refused or timed-out acquire returns once its nodes are
+    /// deleted.
+    async fn acquire_with<T>(
+        &self,
+        name: &LockName,
+        wait: Wait,
+        attempt: impl std::future::Future<Output = Result<T>> + Send,
+    ) -> Result<T> {
+        let outcome = wait.limit(KIND, name, attempt).await;
         let limit = self.config.request_timeout;
         self.session
             .settle_refusal(|s| &s.withdrawals, name, limit, outcome)
@@ -339,14 +346,8 @@ impl LockBackend for ZkBackend {
 
     async fn acquire(&self, name: &LockName, wait: Wait) -> Result<LockGuard> {
         check_name(name)?;
-        let outcome = wait
-            .limit(
-                KIND,
-                name,
-                self.acquire_once(name, wait == Wait::Try, Entry::Lock),
-            )
-            .await;
-        self.settled(name, outcome).await
+        let attempt = self.acquire_once(name, wait == Wait::Try, Entry::Lock);
+        self.acquire_with(name, wait, attempt).await
     }
 
     async fn acquire_leadership(
@@ -356,41 +357,22 @@ impl LockBackend for ZkBackend {
         wait: Wait,
     ) -> Result<Leadership> {
         check_name(name)?;
-        let entry = Entry::Candidate(value);
-        let outcome = wait
-            .limit(
-                KIND,
-                name,
-                self.acquire_once(name, wait == Wait::Try, entry),
-            )
-            .await;
-        let guard = self.settled(name, outcome).await?;
+        let attempt = self.acquire_once(name, wait == Wait::Try, Entry::Candidate(value));
+        let guard = self.acquire_with(name, wait, attempt).await?;
         Ok(Leadership::new(guard, value.to_vec()))
     }
 
     async fn acquire_permit(&self, name: &LockName, permits: u32, wait: Wait) -> Result<LockGuard> {
         check_name(name)?;
         fencelock::raw::check_permits(permits)?;
-        let outcome = wait
-            .limit(
-                KIND,
-                name,
-                self.acquire_permit_once(name, permits, wait == Wait::Try),
-            )
-            .await;
-        self.settled(name, outcome).await
+        let attempt = self.acquire_permit_once(name, permits, wait == Wait::Try);
+        self.acquire_with(name, wait, attempt).await
     }
 
     async fn acquire_rw(&self, name: &LockName, access: Access, wait: Wait) -> Result<LockGuard> {
         check_name(name)?;
-        let outcome = wait
-            .limit(
-                KIND,
-                name,
-                self.acquire_once(name, wait == Wait::Try, Entry::Rw(access)),
-            )
-            .await;
-        self.settled(name, outcome).await
+        let attempt = self.acquire_once(name, wait == Wait::Try, Entry::Rw(access));
+        self.acquire_with(name, wait, attempt).await
     }
 
     async fn permit_status(&self, name: &LockName) -> Result<LockStatus> {
