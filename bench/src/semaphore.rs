@@ -4,8 +4,9 @@
 //! The raw side sends what the backends' semaphore protocol sends on the request path (read
 //! from `backends/*/src/semaphore.rs` and `backend.rs`), in the same order; it leaves out what
 //! fencelock sends off that path (the held-key watch messages), as `latency` does for locks.
-//! fencelock deletes the gate in the background once admitted, and the next acquire waits for
-//! that delete; so the raw side sends the gate's delete and the permit's together.
+//! As Curator's `InterProcessSemaphoreV2`, fencelock deletes the gate before the grant
+//! returns (so another instance's try right after it finds the way open), and the permit at
+//! the release; the raw side does the same.
 
 mod handoff;
 
@@ -120,7 +121,8 @@ async fn etcd(servers: &Servers) {
                 let mut client = client.clone();
                 async move { client.txn(txn).await.unwrap() }
             };
-            tokio::join!(delete(gate, gated), delete(&permit, held));
+            delete(gate, gated).await;
+            delete(&permit, held).await;
         })
     });
     let figures = interleaved(vec![ours, raw]).await;
@@ -128,7 +130,7 @@ async fn etcd(servers: &Servers) {
         &servers.label("etcd"),
         [
             "fencelock",
-            "raw: gate Txn, permit put+count Txn, then gate delete + permit delete Txns together",
+            "raw: gate Txn, permit put+count Txn, gate delete Txn; permit delete Txn",
         ],
         &figures,
     );
@@ -182,9 +184,8 @@ async fn zookeeper(servers: &Servers) {
                     reader.commit().await.unwrap();
                 }
                 let (gate, lease) = (format!("{gate}{seq}"), format!("{lease}{lease_seq}"));
-                let (a, b) = tokio::join!(zk.delete(&gate, None), zk.delete(&lease, None));
-                a.unwrap();
-                b.unwrap();
+                zk.delete(&gate, None).await.unwrap();
+                zk.delete(&lease, None).await.unwrap();
             })
         })
     };
@@ -194,7 +195,7 @@ async fn zookeeper(servers: &Servers) {
         &servers.label("zookeeper"),
         [
             "fencelock",
-            "raw: gate create, gate multi-read, lease create, one multi-read of the count and the leases, then both deletes together",
+            "raw: gate create, gate multi-read, lease create, one multi-read of the count and the leases, gate delete; lease delete",
             "raw, as fencelock did before: getData + getChildren + a watched getChildren of the leases instead",
         ],
         &figures,

@@ -127,7 +127,7 @@ macro_rules! conformance_tests {
             election_observe_sees_every_change, election_resign_hands_over_at_once,
             election_session_loss_ends_leadership, election_cancelled_campaign_leaves_nothing,
             watch_sees_acquire_handoff_and_release,
-            semaphore_admits_at_most_n, semaphore_lost_permit_returns,
+            semaphore_admits_at_most_n, semaphore_grant_leaves_the_way_open, semaphore_lost_permit_returns,
             semaphore_cancelled_acquire_leaves_nothing, semaphore_mismatched_count_refused,
             semaphore_fifo_and_status,
             rw_readers_share_writers_exclude, rw_waiting_writer_holds_back_later_readers,

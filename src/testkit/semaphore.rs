@@ -103,6 +103,37 @@ pub async fn semaphore_admits_at_most_n<F: BackendFactory>(factory: &F) {
     assert!(most <= N as usize, "{most} permit holders at once, of {N}");
 }
 
+/// A granted permit has left the way in open when it returns (as Curator's
+/// `InterProcessSemaphoreV2` releases its lock before `acquire` returns): right after one
+/// instance's grant, the status shows no waiter, and another instance's try gets a free permit.
+pub async fn semaphore_grant_leaves_the_way_open<F: BackendFactory>(factory: &F) {
+    const N: u32 = 2;
+    // The way in was once cleared in the background: a try raced it, about 1 run in 5 under load.
+    const ROUNDS: usize = 30;
+    let name = factory.name("sem-open");
+    let (a, b) = (factory.connect().await, factory.connect().await);
+    for round in 0..ROUNDS {
+        let first = ok(
+            "open: first",
+            bounded("open: first", a.acquire_permit(&name, N, Wait::Try)).await,
+        );
+        let status = ok(
+            "open: status",
+            bounded("status", b.permit_status(&name)).await,
+        );
+        assert_eq!(
+            (status.holders, status.waiting),
+            (1, 0),
+            "round {round}: a granted permit still stands in the queue: {status:?}"
+        );
+        let second = bounded("open: second", b.acquire_permit(&name, N, Wait::Try)).await;
+        let second = second
+            .unwrap_or_else(|e| panic!("round {round}: a permit is free, yet the try got: {e}"));
+        release("open: first", first).await;
+        release("open: second", second).await;
+    }
+}
+
 /// A holder whose session ends gives its permit back: `lost` fires, a waiter gets the permit,
 /// and the store refuses the lost holder's fenced writes and release.
 pub async fn semaphore_lost_permit_returns<F: BackendFactory>(factory: &F) {

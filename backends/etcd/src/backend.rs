@@ -396,9 +396,12 @@ impl EtcdBackend {
             ))
             .await?
         };
+        // Admitted: the gate goes to the next contender (its withdrawal is our release), and
+        // before we return, as Curator's semaphore releases its lock inside `acquire`: another
+        // instance's try right after this grant must find the way open. Until the permit is
+        // disarmed, a cancellation here withdraws it too.
+        front.pending.withdraw_now(limit).await;
         let _ = pending.disarm();
-        // Admitted: the gate goes to the next contender (its withdrawal is our release).
-        drop(front);
         let token = FencingToken::new(token.unsigned_abs());
         tracing::info!(semaphore = %name, %token, key = %permit.key, "etcd: permit acquired");
         let held = EtcdHeld {

@@ -82,7 +82,8 @@
 //!   with `PermitsMismatch` (both our keys withdrawn before the error returns). Otherwise the
 //!   gate's holder watches `P N /leases/` for deletes (from "now"), counts again once the watch
 //!   exists, and again after each delete, each count a Txn that holds only while the gate key
-//!   and the permit key are still ours. Admitted, it deletes its gate key; the next contender in
+//!   and the permit key are still ours. Admitted, it deletes its gate key before the grant returns
+//!   (as Curator does), so a try right after a grant finds the gate free; the next contender in
 //!   the gate goes on. Only the gate's holder watches the permits, so a release wakes one
 //!   process: a handoff costs the release's delete, one count, one gate delete and the next
 //!   gate holder's grant, whatever the number of permits or contenders.

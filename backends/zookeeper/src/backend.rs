@@ -319,13 +319,17 @@ impl ZkBackend {
             return Err(refused);
         }
         admitted?;
+        // The gate goes to the next contender (its withdrawal is our release), before we
+        // return, as Curator's `InterProcessSemaphoreV2` does: another instance's try right
+        // after this grant must find the way open. Until the lease is disarmed, a
+        // cancellation here withdraws it too.
+        gate.withdraw_now(limit).await;
         let (_, Some(node)) = lease.disarm() else {
             return Err(Error::internal(
                 KIND,
                 "a granted permit lost its lease node",
             ));
         };
-        drop(gate); // the gate goes to the next contender: its withdrawal is our release
         tracing::info!(semaphore = %name, path = %node.path, czxid = node.czxid, "zookeeper: permit acquired");
         Ok(self.guard_for(name, node, None, &session))
     }
