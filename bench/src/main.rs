@@ -45,9 +45,14 @@ async fn main() {
     let wants = |part: &str| what == "all" || what == part;
     let started = std::time::Instant::now();
     let mut handoffs = Vec::new();
+    // `FENCELOCK_BENCH_SIZES=1` (or `3`) runs one cluster size only, e.g. for a profile.
+    let sizes = std::env::var("FENCELOCK_BENCH_SIZES").unwrap_or_else(|_| "1,3".into());
     for size in [1, 3] {
         if what == "fence" {
             break; // needs only PostgreSQL
+        }
+        if !sizes.split(',').any(|s| s.trim() == size.to_string()) {
+            continue;
         }
         let servers = Servers::start(size);
         if wants("latency") {

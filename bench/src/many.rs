@@ -142,8 +142,15 @@ pub async fn run(servers: &Servers) {
     println!(
         "| setup | names | K tasks | client | ops/s | p50 | p99 | client CPU per op | ops/s / raw |\n|---|---|---|---|---|---|---|---|---|"
     );
-    etcd(servers).await;
-    zookeeper(servers).await;
+    // `FENCELOCK_BENCH_STORES=zookeeper` (or `etcd`) runs one store only, e.g. for a profile.
+    let stores =
+        std::env::var("FENCELOCK_BENCH_STORES").unwrap_or_else(|_| "etcd,zookeeper".into());
+    if stores.contains("etcd") {
+        etcd(servers).await;
+    }
+    if stores.contains("zookeeper") {
+        zookeeper(servers).await;
+    }
 }
 
 fn fencelock_ops(backend: Arc<dyn LockBackend>) -> (Op, Op) {

@@ -16,7 +16,7 @@ use zookeeper_client::{Acls, CreateMode, MultiReadResult};
 use crate::election::Elections;
 use crate::held::ZkHeld;
 use crate::mutex::{self, Unqueue};
-use crate::paths::{check_name, sort_key, Paths, Recipe};
+use crate::paths::{check_name, sort_children, Paths, Recipe};
 use crate::queue::Queues;
 use crate::semaphore;
 use crate::session::ZkSession;
@@ -421,7 +421,7 @@ impl LockBackend for ZkBackend {
             Err(zookeeper_client::Error::NoNode) => return Ok(None),
             Err(e) => return Err(zk_error("list contenders", e)),
         };
-        children.sort_by(|a, b| sort_key(a).cmp(sort_key(b)));
+        sort_children(&mut children);
         let Some(first) = children.first() else {
             return Ok(None);
         };

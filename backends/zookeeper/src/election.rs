@@ -9,7 +9,7 @@ use fencelock::{Error, FencingToken, Leader, LockName, Result};
 use zookeeper_client::{Client, OneshotWatcher};
 
 use crate::backend::ZkBackend;
-use crate::paths::sort_key;
+use crate::paths::sort_children;
 use crate::session::ZkSession;
 use crate::zk_error;
 
@@ -65,7 +65,7 @@ pub(crate) async fn list_watching(
     .await?
     {
         Ok((mut children, watcher)) => {
-            children.sort_by(|a, b| sort_key(a).cmp(sort_key(b)));
+            sort_children(&mut children);
             Ok(Some((children, watcher)))
         }
         Err(zookeeper_client::Error::NoNode) => {

@@ -22,7 +22,7 @@ use fencelock::raw::{Live, Withdraw};
 use fencelock::{Error, LockName, Result};
 use zookeeper_client::{Acls, Client, CreateMode, MultiReadResult};
 
-use crate::paths::{check_no_wrap, node_tag, sort_key, Recipe, WRITE_NAME};
+use crate::paths::{is_wrapped, node_tag, sort_key, Recipe, WRITE_NAME};
 use crate::session::ZkSession;
 use crate::zk_error;
 
@@ -206,7 +206,7 @@ pub(crate) async fn wait_turn(
             }
         };
         let mut results = results.into_iter();
-        let mut children = match results.next() {
+        let children = match results.next() {
             Some(MultiReadResult::Children { children }) => children,
             Some(MultiReadResult::Error {
                 err: zookeeper_client::Error::NoNode,
@@ -222,16 +222,18 @@ pub(crate) async fn wait_turn(
             Some(MultiReadResult::Data { data, .. }) => Some(data),
             _ => None,
         };
-        check_no_wrap(dir, &children)?;
-        children.sort_by(|a, b| sort_key(a).cmp(sort_key(b)));
-        let Some(position) = children.iter().position(|c| *c == node.child) else {
+        let place = place(&children, &node.child, recipe);
+        if let Some(child) = place.wrapped {
+            return Err(crate::paths::wrapped(dir, child));
+        }
+        let Some((position, blocker)) = place.ours else {
             // Our node is gone: the session expired or someone deleted it.
             return Err(lost());
         };
         if std::mem::take(&mut first_look) {
             fencelock::telemetry::record_queue_ahead(crate::KIND, position);
         }
-        let Some(blocker) = blocker(&children[..position], recipe) else {
+        let Some(blocker) = blocker else {
             return Ok(saved);
         };
         if try_once {
@@ -260,16 +262,54 @@ pub(crate) async fn wait_turn(
     }
 }
 
-/// Of the nodes `ahead` of ours (in order), the one whose change we wait for, or `None` when
-/// none blocks us. A lock's or a writer's: the one just ahead (Curator's
+/// Where our node `ours` stands among `children` (in any order): how many are ahead of it,
+/// and the one whose change we wait for, or `None` when none blocks us; `None` if our node is
+/// not among them; and any child whose sequence number wrapped. A lock's or a writer's blocker: the one just ahead (Curator's
 /// `StandardLockInternalsDriver`). A reader's: the nearest writer ahead, if any: Curator's
 /// `readLockPredicate` grants the same way, though it watches the *first* writer ahead; the
 /// nearest one spares the readers behind a second writer a wake-up when the first leaves.
-fn blocker(ahead: &[String], recipe: Recipe) -> Option<&String> {
-    match recipe {
-        Recipe::Read => ahead.iter().rev().find(|c| c.contains(WRITE_NAME)),
-        _ => ahead.last(),
+///
+/// One pass, each sort key computed once, no sort: a lock path holds a node per waiting
+/// acquire, and sorting a thousand of them at every turn cost more CPU than the listing
+/// itself (the `many` bench, issue 20).
+fn place<'a>(children: &'a [String], ours: &str, recipe: Recipe) -> Place<'a> {
+    let our_key = sort_key(ours);
+    let mut place = Place {
+        ours: None,
+        wrapped: None,
+    };
+    let mut ahead = 0;
+    let mut blocker: Option<(&str, &String)> = None;
+    for child in children {
+        let key = sort_key(child);
+        if is_wrapped(key) {
+            place.wrapped = Some(child);
+        }
+        if child == ours {
+            place.ours = Some((0, None));
+            continue;
+        }
+        if key >= our_key {
+            continue;
+        }
+        ahead += 1;
+        let blocks = recipe != Recipe::Read || child.contains(WRITE_NAME);
+        if blocks && blocker.is_none_or(|(nearest, _)| key > nearest) {
+            blocker = Some((key, child));
+        }
     }
+    if place.ours.is_some() {
+        place.ours = Some((ahead, blocker.map(|(_, child)| child)));
+    }
+    place
+}
+
+/// What [`place`] found.
+struct Place<'a> {
+    /// Ours, if listed: how many are ahead of it, and the one to wait for.
+    ours: Option<(usize, Option<&'a String>)>,
+    /// A child whose sequence number wrapped ([`is_wrapped`]): the order is unsound.
+    wrapped: Option<&'a String>,
 }
 
 async fn pause_or_lost(
@@ -466,24 +506,59 @@ mod tests {
 
     #[test]
     fn a_reader_waits_only_for_the_nearest_writer_ahead() {
-        let ahead: Vec<String> = [
-            "_c_a-__READ__0000000001",
-            "_c_b-__WRIT__0000000002",
-            "_c_c-__READ__0000000003",
+        // Listed out of order, as ZooKeeper may list them.
+        let children: Vec<String> = [
             "_c_d-__WRIT__0000000004",
+            "_c_a-__READ__0000000001",
+            "_c_f-__READ__0000000006",
+            "_c_c-__READ__0000000003",
             "_c_e-__READ__0000000005",
+            "_c_b-__WRIT__0000000002",
+            "_c_g-__WRIT__0000000007",
         ]
         .map(String::from)
         .into();
+        let at = |ours: &str, recipe| {
+            let place = place(&children, ours, recipe);
+            assert!(place.wrapped.is_none());
+            place.ours.map(|(n, b)| (n, b.map(String::as_str)))
+        };
+        let d = Some("_c_d-__WRIT__0000000004");
+        assert_eq!(at("_c_f-__READ__0000000006", Recipe::Read), Some((5, d)));
+        assert_eq!(at("_c_e-__READ__0000000005", Recipe::Read), Some((4, d)));
+        assert_eq!(at("_c_a-__READ__0000000001", Recipe::Read), Some((0, None)));
         assert_eq!(
-            blocker(&ahead, Recipe::Read).map(String::as_str),
-            Some("_c_d-__WRIT__0000000004")
+            at("_c_c-__READ__0000000003", Recipe::Read).map(|p| p.0),
+            Some(2)
         );
-        assert_eq!(blocker(&ahead[..1], Recipe::Read), None);
         assert_eq!(
-            blocker(&ahead, Recipe::Write).map(String::as_str),
-            Some("_c_e-__READ__0000000005")
+            at("_c_g-__WRIT__0000000007", Recipe::Write),
+            Some((6, Some("_c_f-__READ__0000000006")))
         );
-        assert_eq!(blocker(&[], Recipe::Write), None);
+        assert_eq!(
+            at("_c_b-__WRIT__0000000002", Recipe::Write),
+            Some((1, Some("_c_a-__READ__0000000001")))
+        );
+        assert_eq!(
+            at("_c_z-__WRIT__0000000009", Recipe::Write),
+            None,
+            "ours is gone"
+        );
+        let locks: Vec<String> = ["_c_y-lock-0000000011", "_c_x-lock-0000000010"]
+            .map(String::from)
+            .into();
+        assert_eq!(
+            place(&locks, "_c_y-lock-0000000011", Recipe::Mutex).ours,
+            Some((1, Some(&locks[1])))
+        );
+        assert_eq!(
+            place(&locks, "_c_x-lock-0000000010", Recipe::Mutex).ours,
+            Some((0, None))
+        );
+        let wrapped: Vec<String> = ["_c_y-lock-2147483647", "_c_x-lock--2147483648"]
+            .map(String::from)
+            .into();
+        let place = place(&wrapped, "_c_y-lock-2147483647", Recipe::Mutex);
+        assert_eq!(place.wrapped, Some(&wrapped[1]), "the wrap is reported");
     }
 }

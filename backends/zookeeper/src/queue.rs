@@ -9,7 +9,7 @@ use fencelock::{Error, FencingToken, LockName, LockStatus, Owner, QueueEntry, Re
 use zookeeper_client::MultiReadResult;
 
 use crate::election::{list_watching, sync, timed, Elections, Seen};
-use crate::paths::{access_of, check_name, sort_key};
+use crate::paths::{access_of, check_name, sort_children};
 use crate::{zk_error, KIND};
 
 /// A ZooKeeper ensemble as a lock's [`Watched`] queue; it waits as an election does.
@@ -45,7 +45,7 @@ impl Queues<'_> {
                     Err(zookeeper_client::Error::NoNode) => Vec::new(),
                     Err(e) => return Err(zk_error("list contenders", e)),
                 };
-                children.sort_by(|a, b| sort_key(a).cmp(sort_key(b)));
+                sort_children(&mut children);
                 (children, None)
             };
             let seen = watcher.map(|w| Seen::new(vec![w], Arc::clone(&session)));
@@ -142,7 +142,7 @@ impl Queues<'_> {
         };
         let mut listing = |what| match read.next() {
             Some(MultiReadResult::Children { mut children }) => {
-                children.sort_by(|a, b| sort_key(a).cmp(sort_key(b)));
+                sort_children(&mut children);
                 Ok(children)
             }
             Some(MultiReadResult::Error {
