@@ -4,10 +4,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use etcd_client::WatchOptions;
+use etcd_client::{LockOptions, WatchOptions};
 use fencelock::{LockBackend, LockBackendExt};
 use fencelock_testsupport::four_letter;
-use zookeeper_client::{Acls, CreateMode};
+use zookeeper_client::{Acls, CreateMode, LockOptions as ZkLockOptions, LockPrefix};
 
 use crate::servers::Servers;
 use crate::stats::{ms, percentiles, ratio};
@@ -26,23 +26,111 @@ enum Mark {
     Releasing(Instant),
 }
 
-async fn contend(backends: Vec<Arc<dyn LockBackend>>) -> (Vec<Duration>, Duration) {
+type BoxFuture<T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send>>;
+
+/// What a contender runs between its grant and its release.
+type Held = Box<dyn FnOnce() + Send>;
+
+/// One contender's turn: acquire the lock, run `Held`, release.
+type Lock = Arc<dyn Fn(Held) -> BoxFuture<()> + Send + Sync>;
+
+/// fencelock contenders: each a backend instance of its own (its own session).
+fn fencelock_locks(backends: Vec<Arc<dyn LockBackend>>) -> Vec<Lock> {
+    backends
+        .into_iter()
+        .map(|backend| -> Lock {
+            Arc::new(move |held: Held| {
+                let backend = Arc::clone(&backend);
+                Box::pin(async move {
+                    let guard = backend.lock("handoff").await.unwrap();
+                    held();
+                    let _ = guard.release().await.unwrap();
+                })
+            })
+        })
+        .collect()
+}
+
+/// etcd-client's lock RPC contenders: each its own connection and lease (long enough for the
+/// run, so nothing keeps it alive).
+async fn etcd_peer_locks(servers: &Servers, n: usize) -> Vec<Lock> {
+    let name = format!("{}peer-handoff", Servers::prefix());
+    let mut locks: Vec<Lock> = Vec::with_capacity(n);
+    for _ in 0..n {
+        let client = etcd_client::Client::connect(servers.etcd_endpoint(), None)
+            .await
+            .unwrap();
+        let lease = client.clone().lease_grant(600, None).await.unwrap().id();
+        let name = name.clone();
+        locks.push(Arc::new(move |held: Held| {
+            let (mut client, name) = (client.clone(), name.clone());
+            Box::pin(async move {
+                let options = LockOptions::new().with_lease(lease);
+                let key = client
+                    .lock(name, Some(options))
+                    .await
+                    .unwrap()
+                    .key()
+                    .to_vec();
+                held();
+                client.unlock(key).await.unwrap();
+            })
+        }));
+    }
+    locks
+}
+
+/// zookeeper-client's `Client::lock` contenders (Curator's node names): each its own session.
+async fn zk_peer_locks(servers: &Servers, n: usize) -> Vec<Lock> {
+    let dir = format!("{}/peer-handoff", Servers::base());
+    let mut locks: Vec<Lock> = Vec::with_capacity(n);
+    for _ in 0..n {
+        let zk = zookeeper_client::Client::connect(&servers.zk_connect())
+            .await
+            .unwrap();
+        let dir = dir.clone();
+        locks.push(Arc::new(move |held: Held| {
+            let (zk, dir) = (zk.clone(), dir.clone());
+            Box::pin(async move {
+                let options = ZkLockOptions::new(Acls::anyone_all())
+                    .with_ancestor_options(CreateMode::Persistent.with_acls(Acls::anyone_all()))
+                    .unwrap();
+                let prefix = LockPrefix::new_curator(&dir, "lock-").unwrap();
+                let lock = zk.lock(prefix, b"", options).await.unwrap();
+                held();
+                // Its drop deletes in the background; delete here for a synchronous release.
+                zk.delete(lock.lock_path(), None).await.unwrap();
+                drop(lock);
+            })
+        }));
+    }
+    locks
+}
+
+async fn contend(locks: Vec<Lock>) -> (Vec<Duration>, Duration) {
     let marks = Arc::new(Mutex::new(Vec::new()));
     let grants = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
-    let tasks: Vec<_> = backends
+    let tasks: Vec<_> = locks
         .into_iter()
-        .map(|backend| {
+        .map(|lock| {
             let (marks, grants) = (Arc::clone(&marks), Arc::clone(&grants));
             tokio::spawn(async move {
                 // Bounded by HANDOFFS grants in all; after that every task leaves at its turn.
                 loop {
-                    let guard = backend.lock("handoff").await.unwrap();
-                    marks.lock().unwrap().push(Mark::Acquired(Instant::now()));
-                    let done = grants.fetch_add(1, Ordering::SeqCst) >= HANDOFFS;
-                    marks.lock().unwrap().push(Mark::Releasing(Instant::now()));
-                    let _ = guard.release().await.unwrap();
-                    if done {
+                    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+                    let held: Held = {
+                        let (marks, grants, done) =
+                            (Arc::clone(&marks), Arc::clone(&grants), Arc::clone(&done));
+                        Box::new(move || {
+                            marks.lock().unwrap().push(Mark::Acquired(Instant::now()));
+                            let last = grants.fetch_add(1, Ordering::SeqCst) >= HANDOFFS;
+                            done.store(last, Ordering::SeqCst);
+                            marks.lock().unwrap().push(Mark::Releasing(Instant::now()));
+                        })
+                    };
+                    lock(held).await;
+                    if done.load(Ordering::SeqCst) {
                         return;
                     }
                 }
@@ -171,12 +259,21 @@ pub async fn run(servers: &Servers) -> Vec<Point> {
         "\n### Contended handoff ({HANDOFFS} handoffs; latency = holder's release call to the next holder's acquire returning)\n"
     );
     println!("Limits, measured just before each row: A = one write + one notification; B = A + one read by the notified client, the least a new holder can spend.\n");
-    println!("| setup | contenders | handoffs/s | p50 | p99 | A | p50 / A | B | p50 / B | server requests per handoff |\n|---|---|---|---|---|---|---|---|---|---|");
+    println!("| setup | contenders | client | handoffs/s | p50 | p99 | A | p50 / A | B | p50 / B | server requests per handoff |\n|---|---|---|---|---|---|---|---|---|---|---|");
     let mut points = Vec::new();
-    for backend in ["etcd", "zookeeper"] {
+    for (backend, client) in [
+        ("etcd", "fencelock"),
+        ("etcd", "peer"),
+        ("zookeeper", "fencelock"),
+        ("zookeeper", "peer"),
+    ] {
         let label = servers.label(backend);
         for n in [2usize, 8, 32] {
-            let backends = servers.contenders(backend, n).await;
+            let locks = match (backend, client) {
+                (_, "fencelock") => fencelock_locks(servers.contenders(backend, n).await),
+                ("etcd", _) => etcd_peer_locks(servers, n).await,
+                _ => zk_peer_locks(servers, n).await,
+            };
             let count = |s: &Servers| -> (u64, u64, u64, u64) {
                 if backend == "etcd" {
                     let sum = |m: &str| (0..s.size).map(|i| s.etcd.rpc_count(i, m)).sum();
@@ -196,7 +293,7 @@ pub async fn run(servers: &Servers) -> Vec<Point> {
                 zk_notify(servers).await
             };
             let before = count(servers);
-            let (mut latencies, elapsed) = contend(backends).await;
+            let (mut latencies, elapsed) = contend(locks).await;
             let after = count(servers);
             let handoffs = latencies.len().max(1) as f64;
             let (p50, p99) = percentiles(&mut latencies);
@@ -213,7 +310,7 @@ pub async fn run(servers: &Servers) -> Vec<Point> {
                 format!("{:.1} requests", per(after.2, before.2))
             };
             println!(
-                "| {label} | {n} | {:.0} | {} | {} | {} | {} | {} | {} | {requests} |",
+                "| {label} | {n} | {client} | {:.0} | {} | {} | {} | {} | {} | {} | {requests} |",
                 handoffs / elapsed.as_secs_f64(),
                 ms(p50),
                 ms(p99),
@@ -222,7 +319,9 @@ pub async fn run(servers: &Servers) -> Vec<Point> {
                 ms(limit.notify_read),
                 ratio(p50, limit.notify_read)
             );
-            points.push((label.clone(), n, p50));
+            if client == "fencelock" {
+                points.push((label.clone(), n, p50));
+            }
         }
     }
     points
