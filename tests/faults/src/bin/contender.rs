@@ -1,6 +1,8 @@
 //! A contender process: takes the lock again and again and, holding it, increments the
 //! register's value with read-modify-write steps, checking `is_held()` before each step (but,
-//! like real code, not between its read and its write: a pause there is the classic bug).
+//! like real code, not between its read and its write: a pause there is the classic bug). Its
+//! release is reported before it releases: the belief ends when the holder lets go, not when
+//! the store's reply comes back.
 //!
 //! With MODE `elect`, each critical section is a leadership of the election LOCK_NAME instead,
 //! its term the token, given up with `resign`.
@@ -103,18 +105,24 @@ async fn main() {
             }
         }
         if guard.is_held() {
-            let outcome = guard.release().await;
-            let what = if matches!(outcome, Ok(ReleaseOutcome::Released)) {
-                "RELEASED"
-            } else {
-                "LOST"
-            };
+            // The belief ends here, before the release: from now on this holder writes nothing.
+            // Reported after `release` returned, it would last as long as the release's reply,
+            // which a stalled leader can hold back past the successor's grant (the delete
+            // applied, the reply lost) until `lost` fires.
             if register
-                .ask(format!("{what} {pid} {token}"))
+                .ask(format!("RELEASED {pid} {token}"))
                 .await
                 .is_none()
             {
                 return;
+            }
+            let sent = std::time::Instant::now();
+            match guard.release().await {
+                Ok(ReleaseOutcome::Released) => {}
+                outcome => eprintln!(
+                    "contender {pid}: release of {token} after {:?}: {outcome:?}",
+                    sent.elapsed()
+                ),
             }
         } else {
             if register.ask(format!("LOST {pid} {token}")).await.is_none() {
