@@ -42,7 +42,10 @@
 //! before the leader can expire the session and hand a lock on, also when the client's server
 //! is cut off from the leader (tested with a 3-node ensemble whose follower is black-holed).
 //! After a disconnect, reconnecting before the deadline keeps the locks (each node is checked
-//! to still be ours); `Expired` fires `lost` at once.
+//! to still be ours); `Expired` fires `lost` at once. ZooKeeper renegotiates the timeout on
+//! every reconnect: a server that grants less than the configured timeout (other `tickTime` or
+//! `min/maxSessionTimeout` settings) fires `lost` at once too, as the deadline would then
+//! outlast the session.
 //!
 //! # Fenced state
 //! Stored at `B/.state/N/<key>`; writes are multi-ops with a check on our lock node, reads a

@@ -29,6 +29,8 @@ pub(crate) struct ZkSession {
     pub(crate) withdrawals: Arc<Withdrawals>,
     /// The request timeout, for the deletes after a loss.
     limit: Duration,
+    /// The session timeout the deadline counts with (the one granted at connect).
+    timeout: Duration,
 }
 
 impl std::fmt::Debug for ZkSession {
@@ -89,6 +91,7 @@ impl ZkSession {
             tasks: Mutex::new(Vec::new()),
             withdrawals: Arc::default(),
             limit: config.request_timeout,
+            timeout,
         });
         let probe = tokio::spawn(keep_renewed(
             crate::KIND,
@@ -213,7 +216,12 @@ struct Probe {
 impl Renew for Probe {
     async fn renew(&mut self) -> Renewal {
         match self.client.sync("/").await {
-            Ok(_) => Renewal::Alive(self.timeout),
+            // The reply came over the connection whose connect response set the value we read:
+            // no answer from a session renegotiated to less than the deadline assumes extends it.
+            Ok(_) => match renegotiated_below(&self.client, self.timeout) {
+                Some(why) => Renewal::Gone(why),
+                None => Renewal::Alive(self.timeout),
+            },
             Err(
                 e @ (zookeeper_client::Error::SessionExpired
                 | zookeeper_client::Error::ClientClosed),
@@ -229,12 +237,27 @@ impl Renew for Probe {
     }
 }
 
+/// Why the session can no longer be trusted with our deadline: the server granted less than
+/// `timeout` on a reconnect (review F7). ZooKeeper renegotiates the timeout on every connect
+/// request, so a server with other `tickTime` or `min/maxSessionTimeout` settings shortens
+/// the session's expiry below the deadline counted with `timeout`. A longer grant is harmless:
+/// the deadline then comes earlier than the expiry.
+fn renegotiated_below(client: &Client, timeout: Duration) -> Option<String> {
+    let granted = client.negotiated_session_timeout();
+    (granted < timeout).then(|| {
+        format!(
+            "on reconnect the server granted a session timeout of {granted:?}, below the {timeout:?} \
+             the local deadline counts with; every server must allow the same timeouts (tickTime, \
+             minSessionTimeout, maxSessionTimeout)"
+        )
+    })
+}
+
 async fn monitor(session: std::sync::Weak<ZkSession>) {
     let (mut states, lost) = match session.upgrade() {
         Some(s) => (s.client.state_watcher(), s.clock.lost_token().clone()),
         None => return,
     };
-    let mut disconnected = false;
     // One state change per pass; terminal states and the session's end stop it.
     loop {
         let state = tokio::select! {
@@ -261,11 +284,16 @@ async fn monitor(session: std::sync::Weak<ZkSession>) {
                     .lose_because(format!("the ZooKeeper session ended ({state:?})"));
                 return;
             }
-            SessionState::Disconnected => disconnected = true,
+            SessionState::Disconnected => {}
+            // Every connect is checked, not only one after a Disconnected seen here: the state
+            // watcher keeps only the latest state, so a quick reconnect may show no gap.
             SessionState::SyncConnected | SessionState::ConnectedReadOnly => {
-                if std::mem::take(&mut disconnected) {
-                    session.verify_held().await;
+                if let Some(why) = renegotiated_below(&session.client, session.timeout) {
+                    tracing::warn!(reason = %why, "zookeeper: every lock of this session is lost");
+                    session.clock.lose_because(why);
+                    continue; // the lost branch deletes the held nodes and stops
                 }
+                session.verify_held().await;
             }
         }
     }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use fencelock::{LockBackendExt, ReleaseOutcome};
-use fencelock_testsupport::ZkEnsemble;
+use fencelock_testsupport::{ProxyMode, TcpProxy, ZkEnsemble};
 use fencelock_zookeeper::ZkBackend;
 use tokio::time::Instant;
 
@@ -390,4 +390,113 @@ async fn framed_backend(
         .await
         .unwrap();
     (backend, proxy)
+}
+
+/// Issue 14.6 (review F7): ZooKeeper renegotiates the session timeout on every reconnect, and a
+/// member with other settings may grant less. Member 3 allows sessions of at most 2 s; the
+/// holder asked for 4 s and got them from member 1. Member 1 dies and the session moves to
+/// member 3, which grants 2 s: from then on the ensemble expires the session 2 s after its last
+/// touch, while a deadline counted with 4 s would run on for longer. Once moved, the holder is
+/// cut off: its `lost` must fire before a successor is granted, and say why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_renegotiated_lower_on_reconnect_fires_lost_before_a_successor() {
+    let mut ensemble = ZkEnsemble::start_with_each(3, &|i| {
+        if i == 2 {
+            vec!["maxSessionTimeout=2000".to_owned()]
+        } else {
+            Vec::new()
+        }
+    });
+    let on = |i: usize| format!("127.0.0.1:{}", ensemble.members[i].client_port);
+    let proxies = [TcpProxy::start(on(0)).await, TcpProxy::start(on(2)).await];
+    let connect = proxies
+        .iter()
+        .map(|p| format!("127.0.0.1:{}", p.port))
+        .collect::<Vec<_>>()
+        .join(",");
+    let base = format!("/{}", fencelock_testsupport::unique("renegotiated"));
+    // The connect-time check refuses a session that member 3 granted (2 s, not 4 s): bounded
+    // retries until the session is on member 1.
+    let mut holder = None;
+    for _ in 0..30 {
+        match ZkBackend::connect(common::config(&connect, &base)).await {
+            Ok(backend) => {
+                holder = Some(backend);
+                break;
+            }
+            Err(e) => assert!(e.to_string().contains("granted"), "{e}"),
+        }
+    }
+    let holder = holder.expect("a session on member 1 in 30 tries");
+    let successor = Arc::new(
+        ZkBackend::connect(common::config(&on(1), &base))
+            .await
+            .unwrap(),
+    );
+    let guard = holder.lock("job").await.unwrap();
+    let lost = {
+        let lost = guard.lost_token();
+        tokio::spawn(async move {
+            lost.cancelled().await;
+            Instant::now()
+        })
+    };
+    let sid = format!("sid=0x{:x}", holder.session_info().await.unwrap().id().0);
+    assert!(ensemble.connections(0).contains(&sid), "on member 1 first");
+
+    ensemble.kill(0);
+    let killed = Instant::now();
+    // Bounded: 100 x 50 ms for the client to reach member 3.
+    for _ in 0..100 {
+        if ensemble.connections(2).contains(&sid) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        ensemble.connections(2).contains(&sid),
+        "the session must have moved to member 3"
+    );
+    let moved = killed.elapsed();
+    tokio::time::sleep(Duration::from_millis(300)).await; // a probe or two through member 3
+    for proxy in &proxies {
+        proxy.set_mode(ProxyMode::BlackHole);
+    }
+    let cut = Instant::now();
+    let waiting = {
+        let successor = Arc::clone(&successor);
+        tokio::spawn(async move {
+            let next = successor.lock("job").await;
+            (next, Instant::now())
+        })
+    };
+    let lost_at = tokio::time::timeout(common::TIMEOUT * 2, lost)
+        .await
+        .expect("the holder must fire lost")
+        .unwrap();
+    let (next, granted_at) = tokio::time::timeout(common::TIMEOUT * 3, waiting)
+        .await
+        .expect("the successor must be granted")
+        .unwrap();
+    let next = next.unwrap();
+    eprintln!(
+        "after the kill: moved to member 3 at {moved:?}, cut off at {:?}, lost at {:?}, the successor granted at {:?}; cause: {:?}",
+        cut - killed,
+        lost_at - killed,
+        granted_at - killed,
+        guard.loss_cause()
+    );
+    assert!(
+        lost_at < granted_at,
+        "lost fired {:?} after the kill, but the successor was granted after {:?}",
+        lost_at - killed,
+        granted_at - killed
+    );
+    let cause = guard.loss_cause().unwrap_or_default();
+    assert!(cause.contains("granted a session timeout of 2s"), "{cause}");
+    assert!(next.token() > guard.token());
+    let _ = next.release().await;
+    for proxy in &proxies {
+        proxy.set_mode(ProxyMode::Forward);
+    }
 }

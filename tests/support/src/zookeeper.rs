@@ -46,6 +46,12 @@ impl ZkEnsemble {
 
     /// Starts `size` servers with `extra` lines in each `zoo.cfg`.
     pub fn start_with(size: usize, extra: &[&str]) -> Self {
+        Self::start_with_each(size, &|_| extra.iter().map(|s| s.to_string()).collect())
+    }
+
+    /// Starts `size` servers; `extra(i)` gives the lines added to member i's `zoo.cfg` (index
+    /// from 0), for ensembles whose members differ, as during a rolling change of settings.
+    pub fn start_with_each(size: usize, extra: &dyn Fn(usize) -> Vec<String>) -> Self {
         let ports = Self::ports(size);
         Self::start_routed(&ports, extra, &|_, j| (ports[j].1, ports[j].2))
     }
@@ -78,15 +84,16 @@ impl ZkEnsemble {
             Some(&proxied) => proxied,
             None => (ports[j].1, ports[j].2), // its own line: the ports it listens on
         };
-        let ensemble = tokio::task::block_in_place(|| Self::start_routed(&ports, &[], &route));
+        let ensemble =
+            tokio::task::block_in_place(|| Self::start_routed(&ports, &|_| Vec::new(), &route));
         (ensemble, PeerLinks { links })
     }
 
-    /// Starts one member per entry of `ports`; `route(i, j)` is the quorum and election port
-    /// that member i's zoo.cfg gives for member j.
+    /// Starts one member per entry of `ports`, with `extra(i)` lines in member i's zoo.cfg;
+    /// `route(i, j)` is the quorum and election port that member i's zoo.cfg gives for member j.
     fn start_routed(
         ports: &[(u16, u16, u16)],
-        extra: &[&str],
+        extra: &dyn Fn(usize) -> Vec<String>,
         route: &dyn Fn(usize, usize) -> (u16, u16),
     ) -> Self {
         let size = ports.len();
@@ -122,7 +129,7 @@ impl ZkEnsemble {
                     std::fs::write(data.join("myid"), id.to_string()).expect("myid");
                     cfg.extend(peers(i));
                 }
-                cfg.extend(extra.iter().map(|s| s.to_string()));
+                cfg.extend(extra(i));
                 let cfg_path = member_dir.join("zoo.cfg");
                 std::fs::write(&cfg_path, cfg.join("\n") + "\n").expect("zoo.cfg");
                 let args = vec![
