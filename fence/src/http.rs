@@ -14,11 +14,13 @@ use tower_service::Service;
 
 use crate::store::FenceStore;
 
+mod body;
 #[cfg(feature = "reqwest")]
 mod reqwest;
 mod stamp;
 #[cfg(feature = "reqwest")]
 pub use self::reqwest::FencedRequest;
+pub use body::FencedBody;
 pub use stamp::{header_of, BoxError, Stamp, StampLayer, StampService, TokenSource};
 
 /// The token a request was admitted with, in its extensions for the handler.
@@ -31,9 +33,10 @@ pub struct Admitted {
 }
 
 /// A `tower` layer that fences every request: it reads `Fencing-Token: <lock>=<token>`,
-/// admits the token through a [`FenceStore`] and holds the admission until the inner service's
-/// response is ready, so no newer holder's request is admitted while this one runs (the
-/// response *body* is not covered: produce the effect before returning the response).
+/// admits the token through a [`FenceStore`] and holds the admission until the response's body
+/// has ended (or is dropped), so no newer holder's request is admitted while this one runs,
+/// streamed responses included: a handler may produce its effect while its body streams.
+/// Responses come in a [`FencedBody`], which is the inner body with the admission attached.
 ///
 /// Refusals are answered without calling the inner service, with the cause in the body:
 /// - `409 Conflict`: a stale token (a newer holder was admitted: the sender must stop), a token
@@ -153,7 +156,7 @@ where
     ReqBody: Send + 'static,
     ResBody: From<String> + Send + 'static,
 {
-    type Response = Response<ResBody>;
+    type Response = Response<FencedBody<ResBody>>;
     type Error = I::Error;
     type Future = BoxFuture<Result<Self::Response, Self::Error>>;
 
@@ -169,7 +172,7 @@ where
         Box::pin(async move {
             let presented = match read_header(&request, &layer) {
                 Ok(Some(presented)) => presented,
-                Ok(None) => return inner.call(request).await,
+                Ok(None) => return Ok(inner.call(request).await?.map(FencedBody::unfenced)),
                 Err(refusal) => return Ok(refusal.into_response()),
             };
             let (lock, token) = presented;
@@ -178,9 +181,9 @@ where
                 Err(e) => return Ok(Refusal::from_error(&e).into_response()),
             };
             request.extensions_mut().insert(Admitted { lock, token });
-            let response = inner.call(request).await;
-            drop(admission);
-            response
+            // An error drops the admission here; a response carries it in its body.
+            let response = inner.call(request).await?;
+            Ok(response.map(|body| FencedBody::holding(body, admission)))
         })
     }
 }
@@ -236,8 +239,9 @@ impl Refusal {
         Refusal::new(status, e.to_string())
     }
 
-    fn into_response<B: From<String>>(self) -> Response<B> {
-        let mut response = Response::new(B::from(format!("{}\n", self.cause)));
+    fn into_response<B: From<String>>(self) -> Response<FencedBody<B>> {
+        let body = FencedBody::unfenced(B::from(format!("{}\n", self.cause)));
+        let mut response = Response::new(body);
         *response.status_mut() = self.status;
         response.headers_mut().insert(
             header::CONTENT_TYPE,

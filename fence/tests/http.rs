@@ -304,6 +304,75 @@ async fn a_newer_token_waits_for_an_older_request_in_another_replica() {
     assert_eq!(a.highest("jobs").await.unwrap(), Some(FencingToken::new(4)));
 }
 
+/// A streamed response is fenced to its last frame: its handler may still be producing the
+/// effect while the body streams, so a newer token's request waits until the body has ended.
+/// Before, the admission ended when the response's head was ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_response_holds_its_admission_until_its_last_frame() {
+    let gate = Arc::new(tokio::sync::Notify::new());
+    let streamed = {
+        let gate = Arc::clone(&gate);
+        move || async move {
+            // "first" at once, "last" only once the test opens the gate.
+            let chunks = futures::stream::unfold(0, move |step| {
+                let gate = Arc::clone(&gate);
+                async move {
+                    match step {
+                        0 => Some((Ok::<_, std::io::Error>(Bytes::from("first\n")), 1)),
+                        1 => {
+                            gate.notified().await;
+                            Some((Ok(Bytes::from("last\n")), 2))
+                        }
+                        _ => None,
+                    }
+                }
+            });
+            axum::body::Body::from_stream(chunks)
+        }
+    };
+    let router = Router::new()
+        .route("/value", get(streamed))
+        .route("/other", get(|| async { "ok" }))
+        .layer(FenceLayer::new(Arc::new(Fence::new())));
+    let url = serve(router).await;
+    let other = url.replace("/value", "/other");
+    let header = |t: u64| format_header("jobs", FencingToken::new(t));
+    let http = client();
+
+    let request = |url: &str, t: u64| {
+        http::Request::builder()
+            .uri(url)
+            .header("Fencing-Token", header(t))
+            .body(Full::new(Bytes::new()))
+            .unwrap()
+    };
+    let response = http.request(request(&url, 5)).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    let first = body.frame().await.unwrap().unwrap().into_data().unwrap();
+    assert_eq!(first, Bytes::from("first\n"));
+
+    let newer = {
+        let (http, request) = (http.clone(), request(&other, 6));
+        tokio::spawn(async move { http.request(request).await.unwrap().status() })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !newer.is_finished(),
+        "a newer token was admitted while an older request's body still streamed"
+    );
+    gate.notify_one();
+    let rest = body.collect().await.unwrap().to_bytes();
+    assert_eq!(rest, Bytes::from("last\n"));
+    let status = tokio::time::timeout(Duration::from_secs(10), newer)
+        .await
+        .expect("the newer token is admitted once the older body ended")
+        .unwrap();
+    assert_eq!(status, StatusCode::OK);
+    let stale = http.request(request(&other, 5)).await.unwrap();
+    assert_eq!(stale.status(), StatusCode::CONFLICT);
+}
+
 // --- The service as a process of its own, restarted -------------------------------------
 
 /// Not a test by itself: the service process that the restart test starts (by running this

@@ -410,3 +410,42 @@ async fn a_refused_pipelined_write_never_lands_even_when_the_caller_commits() {
         .get(0);
     assert_eq!(balance, 90, "the refused debit landed");
 }
+
+/// Under REPEATABLE READ a transaction reads one snapshot throughout, so an admission that
+/// waited for a raise, or came after one committed, must not compare against the token its
+/// snapshot shows: it is refused (stale), or fails as a serialization failure to retry. Under
+/// READ COMMITTED the same sequence is refused as stale.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_admission_never_compares_against_an_old_snapshot() {
+    let pg = PgServer::start();
+    let fence = PgFence::new("snapshot_fence").unwrap();
+    let (mut a, b) = (connect(&pg).await, connect(&pg).await);
+    fence.create_table(&a).await.unwrap();
+    let t = FencingToken::new;
+    fence.admit(&b, "jobs", t(5)).await.unwrap(); // autocommit: the mark is 5
+
+    use tokio_postgres::IsolationLevel::{ReadCommitted, RepeatableRead, Serializable};
+    for (isolation, name) in [
+        (RepeatableRead, "repeatable read"),
+        (Serializable, "serializable"),
+        (ReadCommitted, "read committed"),
+    ] {
+        let tx = a
+            .build_transaction()
+            .isolation_level(isolation)
+            .start()
+            .await
+            .unwrap();
+        // The snapshot is taken here, while the mark is still the old one.
+        let seen = fence.highest(&tx, "jobs").await.unwrap().unwrap();
+        let newer = FencingToken::new(seen.get() + 1);
+        fence.admit(&b, "jobs", newer).await.unwrap(); // another holder raises and commits
+        let admitted = fence.admit(&tx, "jobs", seen).await;
+        match &admitted {
+            Err(Error::StaleToken { highest, .. }) => assert_eq!(*highest, newer),
+            Err(e) if e.is_retryable() && name != "read committed" => {}
+            other => panic!("{name}: {seen} admitted after {newer} committed: {other:?}"),
+        }
+        drop(tx);
+    }
+}
