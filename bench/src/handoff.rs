@@ -107,6 +107,51 @@ async fn zk_peer_locks(servers: &Servers, n: usize) -> Vec<Lock> {
     locks
 }
 
+/// Curator `InterProcessMutex` contenders: `n` threads of one JVM, each with a client of its
+/// own (its own session), after `WARMUP` grants to warm the JIT; the JVM measures as
+/// [`contend`] does (release call to the next grant) and reports handoffs/s, p50 and p99. The
+/// server requests are counted around the measured run (the warm-up included).
+async fn curator_contend(servers: &Servers, n: usize, count: impl Fn() -> u64) -> Outcome {
+    let java = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("java");
+    let classes = fencelock_testsupport::compile_java(&[java.join("CuratorHandoff.java")]);
+    let path = format!("{}/curator-handoff-{n}", Servers::base());
+    let args = [
+        "CuratorHandoff".to_owned(),
+        servers.zk_connect(),
+        path,
+        n.to_string(),
+        HANDOFFS.to_string(),
+        WARMUP.to_string(),
+    ];
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let mut jvm = fencelock_testsupport::JavaProgram::start(&classes, &args);
+    jvm.expect("READY", Duration::from_secs(60)).await;
+    let before = count();
+    jvm.send("go").await;
+    let result = jvm.expect("RESULT", Duration::from_secs(120)).await;
+    let after = count();
+    let words: Vec<f64> = result
+        .split_whitespace()
+        .skip(1)
+        .map(|w| w.parse().unwrap())
+        .collect();
+    let handoffs = words[3];
+    Outcome {
+        per_second: words[0],
+        p50: Duration::from_nanos(words[1] as u64),
+        p99: Duration::from_nanos(words[2] as u64),
+        requests_per_handoff: (after - before) as f64 / (handoffs + WARMUP as f64),
+    }
+}
+
+/// One row's measurements.
+struct Outcome {
+    per_second: f64,
+    p50: Duration,
+    p99: Duration,
+    requests_per_handoff: f64,
+}
+
 async fn contend(locks: Vec<Lock>) -> (Vec<Duration>, Duration) {
     let marks = Arc::new(Mutex::new(Vec::new()));
     let grants = Arc::new(AtomicUsize::new(0));
@@ -266,9 +311,26 @@ pub async fn run(servers: &Servers) -> Vec<Point> {
         ("etcd", "peer"),
         ("zookeeper", "fencelock"),
         ("zookeeper", "peer"),
+        ("zookeeper", "curator"),
     ] {
         let label = servers.label(backend);
         for n in [2usize, 8, 32] {
+            if client == "curator" {
+                let limit = zk_notify(servers).await;
+                let row = curator_contend(servers, n, || zk_received(servers)).await;
+                println!(
+                    "| {label} | {n} | {client} | {:.0} | {} | {} | {} | {} | {} | {} | {:.1} requests |",
+                    row.per_second,
+                    ms(row.p50),
+                    ms(row.p99),
+                    ms(limit.notify),
+                    ratio(row.p50, limit.notify),
+                    ms(limit.notify_read),
+                    ratio(row.p50, limit.notify_read),
+                    row.requests_per_handoff
+                );
+                continue;
+            }
             let locks = match (backend, client) {
                 (_, "fencelock") => fencelock_locks(servers.contenders(backend, n).await),
                 ("etcd", _) => etcd_peer_locks(servers, n).await,
