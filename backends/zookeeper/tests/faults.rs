@@ -500,3 +500,39 @@ async fn a_timeout_renegotiated_lower_on_reconnect_fires_lost_before_a_successor
         proxy.set_mode(ProxyMode::Forward);
     }
 }
+
+/// Issue 14.5 (review F11): a waiting acquire whose client is cut off ends once the session's
+/// local deadline passes (`lost`, at most timeout - margin after the last answered probe), not
+/// when zookeeper-client itself gives the session up (1.4 x the timeout): a request made while
+/// disconnected waits inside the client, so every wait is raced against `lost`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_acquire_cut_off_ends_at_the_local_deadline() {
+    let factory = common::ZkFactory::on(common::shared_standalone()).await;
+    let holder = factory.backend().await;
+    let guard = holder.lock("job").await.unwrap();
+    let waiter = Arc::new(factory.proxied_backend().await);
+    let waiting = {
+        let waiter = Arc::clone(&waiter);
+        tokio::spawn(async move {
+            let outcome = waiter.lock("job").await;
+            (outcome.map(|g| g.token()), Instant::now())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await; // queued, watching the holder's node
+    factory.cut_off(&waiter, common::TIMEOUT * 3);
+    let cut = Instant::now();
+    let (outcome, ended) = tokio::time::timeout(common::TIMEOUT * 3, waiting)
+        .await
+        .expect("the cut-off acquire must end")
+        .unwrap();
+    let after = ended - cut;
+    eprintln!("the cut-off waiter's acquire ended {after:?} after the cut: {outcome:?}");
+    assert!(outcome.is_err(), "granted while cut off: {outcome:?}");
+    // The deadline: at most timeout - margin (3.35 s) after the cut; the client's own expiry:
+    // 1.4 x 4 s = 5.6 s. Halfway between, for a loaded machine.
+    assert!(
+        after < common::TIMEOUT * 6 / 5,
+        "the acquire outlived the local deadline: {after:?}"
+    );
+    assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+}
