@@ -393,6 +393,23 @@ pub async fn drop_releases<F: BackendFactory>(factory: &F) {
     release("drop: next holder", next).await;
 }
 
+/// The instance that dropped a guard can take the lock again at once: its next acquire waits
+/// for the background release of its own dropped guard (review F12: before, a `try_lock`
+/// right after the drop could find the old entry still there and be refused).
+pub async fn try_right_after_own_drop<F: BackendFactory>(factory: &F) {
+    let name = factory.name("drop-try");
+    let a = factory.connect().await;
+    for round in 0..30 {
+        let guard = acquire("drop-try: holder", &a, name.as_str()).await;
+        drop(guard);
+        let again = bounded("drop-try: try", a.try_lock(name.as_str())).await;
+        match again {
+            Ok(guard) => release("drop-try: again", guard).await,
+            Err(e) => panic!("round {round}: a try right after our own drop was refused: {e}"),
+        }
+    }
+}
+
 /// One instance holds many locks at once; another sees each of them held, then free.
 pub async fn many_locks_on_one_instance<F: BackendFactory>(factory: &F) {
     const LOCKS: usize = 100;

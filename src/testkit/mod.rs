@@ -120,6 +120,7 @@ macro_rules! conformance_tests {
             mutual_exclusion, tokens_increase, try_and_timeout, fifo_order,
             cancelled_acquire_leaves_nothing, release_is_owner_checked, lost_fires_and_run_stops,
             stale_fenced_writes_refused, checkpoint_handed_to_successor, drop_releases,
+            try_right_after_own_drop,
             many_locks_on_one_instance, same_instance_contends, invalid_names_rejected,
             fenced_state_round_trip, try_after_own_cancelled_acquire, status_and_list,
             break_lets_the_next_contender_in, close_leaves_nothing_queued,

@@ -301,7 +301,7 @@ impl EtcdBackend {
             limit,
             ttl: self.config.ttl,
             lease: session.lease,
-            _session: Arc::clone(&session),
+            session: Arc::clone(&session),
             _turn: unqueue.turn,
         };
         let (guard, trigger) = Grant {
@@ -414,7 +414,7 @@ impl EtcdBackend {
             limit,
             ttl: self.config.ttl,
             lease: session.lease,
-            _session: Arc::clone(&session),
+            session: Arc::clone(&session),
             _turn: None,
         };
         let (guard, trigger) = Grant {

@@ -30,7 +30,7 @@ pub(crate) struct EtcdHeld {
     /// The session's lease, which a proclaimed value is put with (as the key was).
     pub(crate) lease: i64,
     /// Keeps the session (and its lease) alive while the guard lives.
-    pub(crate) _session: Arc<Session>,
+    pub(crate) session: Arc<Session>,
     /// This session's turn on the name, held until the release is done.
     /// `None` for a permit: an instance may hold several permits of one semaphore.
     pub(crate) _turn: Option<OwnedMutexGuard<()>>,
@@ -45,7 +45,7 @@ impl EtcdHeld {
             Arc::clone(&self.client),
             self.key.clone(),
             self.created,
-            Arc::clone(&self._session),
+            Arc::clone(&self.session),
         );
         let attempt = attempt_limit(self.limit, self.ttl);
         tracing::warn!(key = %self.key, "etcd: release failed; retrying in the background while the session lives");
@@ -140,11 +140,16 @@ impl HeldLock for EtcdHeld {
     }
 
     fn release_in_background(self: Box<Self>) {
+        // Counted as a withdrawal: this instance's next acquire of the name waits for it, so
+        // `drop(guard); backend.try_lock(name)` is not refused by our own key (review F12).
+        let withdrawal = self.session.withdrawals.begin(&self.name);
         spawn_detached(crate::KIND, "release a dropped guard", async move {
             // A failed release goes on in `keep_releasing`; this only reports it.
             if let Err(e) = self.release().await {
                 tracing::warn!(lock = %self.name, error = %e, "etcd: background release failed; retrying while the session lives");
             }
+            drop(self); // and with it the instance's turn on the name, before the next acquire
+            drop(withdrawal);
         });
     }
 }
