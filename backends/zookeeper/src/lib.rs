@@ -72,7 +72,12 @@ pub(crate) const KIND: &str = "zookeeper";
 pub(crate) fn zk_error(what: &str, e: zookeeper_client::Error) -> fencelock::Error {
     use fencelock::StoreFailure::{Protocol, Unauthorized, Unavailable};
     use zookeeper_client::Error as Zk;
-    let io = caused_by_io(&e);
+    // zookeeper-client gives a connection up when the server has not answered for 8 of its
+    // ticks (a stalled or paused server) and fails the requests in flight with a custom error
+    // that carries only this message; it then reconnects, so it is as transient as a
+    // connection loss. Its text is pinned by the vendored copy (`vendor/`).
+    let io = caused_by_io(&e)
+        || matches!(&e, Zk::Custom(_) if e.to_string().contains("no response from connection"));
     let (kind, hint) = match e {
         Zk::NoAuth => (
             Unauthorized,
@@ -91,7 +96,8 @@ pub(crate) fn zk_error(what: &str, e: zookeeper_client::Error) -> fencelock::Err
         | Zk::Throttled
         | Zk::NotReadOnly => (Unavailable, ""),
         // zookeeper-client reports a reset or broken connection as a custom error with the I/O
-        // error as its source (review F8): as transient as a connection loss.
+        // error as its source (review F8), or a silent one as above: as transient as a
+        // connection loss.
         Zk::Custom(_) if io => (Unavailable, " (the connection failed)"),
         _ => (Protocol, ""),
     };

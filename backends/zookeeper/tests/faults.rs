@@ -536,3 +536,28 @@ async fn a_waiting_acquire_cut_off_ends_at_the_local_deadline() {
     );
     assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
 }
+
+/// A server that stops answering (SIGSTOP) while an acquire's create is in flight:
+/// zookeeper-client gives the connection up after 8 of its ticks (1.6 s with a 4 s session) and
+/// fails the request with a custom "no response from connection" error, which is as transient
+/// as a connection loss (review F8's class): the acquire retries and is granted once the server
+/// answers again, well within the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_through_a_server_that_stops_answering_is_retried() {
+    let ensemble = ZkEnsemble::start(1);
+    let factory = common::ZkFactory::on(&ensemble).await;
+    let backend = Arc::new(factory.backend().await);
+    ensemble.pause(0, true);
+    let acquiring = {
+        let backend = Arc::clone(&backend);
+        tokio::spawn(async move { backend.lock("job").await })
+    };
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    ensemble.pause(0, false);
+    let granted = tokio::time::timeout(common::TIMEOUT * 3, acquiring)
+        .await
+        .expect("the acquire must end")
+        .unwrap();
+    let guard = granted.unwrap_or_else(|e| panic!("the stalled server failed the acquire: {e:?}"));
+    assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+}
