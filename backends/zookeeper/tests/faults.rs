@@ -541,7 +541,8 @@ async fn a_waiting_acquire_cut_off_ends_at_the_local_deadline() {
 /// zookeeper-client gives the connection up after 8 of its ticks (1.6 s with a 4 s session) and
 /// fails the request with a custom "no response from connection" error, which is as transient
 /// as a connection loss (review F8's class): the acquire retries and is granted once the server
-/// answers again, well within the session.
+/// answers again, well within the session. (Before, it failed: `Protocol`, "create the lock
+/// node", "no response from connection in 1600ms".)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_through_a_server_that_stops_answering_is_retried() {
     let ensemble = ZkEnsemble::start(1);
@@ -552,7 +553,9 @@ async fn an_acquire_through_a_server_that_stops_answering_is_retried() {
         let backend = Arc::clone(&backend);
         tokio::spawn(async move { backend.lock("job").await })
     };
-    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // Past the client's 1.6 s (+ one 200 ms tick), well before the session's local deadline
+    // (at least 3.1 s after the pause: 4 s - 0.65 s margin - one 250 ms probe interval).
+    tokio::time::sleep(Duration::from_millis(2200)).await;
     ensemble.pause(0, false);
     let granted = tokio::time::timeout(common::TIMEOUT * 3, acquiring)
         .await
