@@ -41,6 +41,24 @@ impl Withdrawals {
         Withdrawal { counter }
     }
 
+    /// Runs `release`, the background release of a dropped guard of `name`, as a withdrawal:
+    /// this client's next acquire of the name waits for it (see [`settled`](Self::settled)), so
+    /// `drop(guard); backend.try_lock(name)` is not refused by our own entry. Whatever `release`
+    /// owns (the held lock, a local turn on the name) is dropped before the withdrawal ends.
+    /// Without a Tokio runtime nothing runs (see [`spawn_detached`](crate::raw::spawn_detached)).
+    pub fn release_in_background(
+        &self,
+        backend: &'static str,
+        name: &LockName,
+        release: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
+        let withdrawal = self.begin(name);
+        crate::raw::spawn_detached(backend, "release a dropped guard", async move {
+            release.await;
+            drop(withdrawal);
+        });
+    }
+
     /// Waits until no withdrawal of `name` is running, for at most `limit` (after which the
     /// acquire goes on and, at worst, queues behind the leftover).
     ///

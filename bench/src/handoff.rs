@@ -112,8 +112,12 @@ async fn zk_peer_locks(servers: &Servers, n: usize) -> Vec<Lock> {
 /// [`contend`] does (release call to the next grant) and reports handoffs/s, p50 and p99. The
 /// server requests are counted around the measured run (the warm-up included).
 async fn curator_contend(servers: &Servers, n: usize, count: impl Fn() -> u64) -> Outcome {
-    let java = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("java");
-    let classes = fencelock_testsupport::compile_java(&[java.join("CuratorHandoff.java")]);
+    // Compiled once per run, not per row.
+    static CLASSES: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    let classes = CLASSES.get_or_init(|| {
+        let java = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("java");
+        fencelock_testsupport::compile_java(&[java.join("CuratorHandoff.java")])
+    });
     let path = format!("{}/curator-handoff-{n}", Servers::base());
     let args = [
         "CuratorHandoff".to_owned(),
@@ -124,7 +128,7 @@ async fn curator_contend(servers: &Servers, n: usize, count: impl Fn() -> u64) -
         WARMUP.to_string(),
     ];
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let mut jvm = fencelock_testsupport::JavaProgram::start(&classes, &args);
+    let mut jvm = fencelock_testsupport::JavaProgram::start(classes, &args);
     jvm.expect("READY", Duration::from_secs(60)).await;
     let before = count();
     jvm.send("go").await;

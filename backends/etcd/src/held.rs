@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
-use fencelock::raw::{keep_retrying, spawn_detached, HeldLock};
+use fencelock::raw::{keep_retrying, HeldLock};
 use fencelock::{Error, FencingToken, LockName, ReleaseOutcome, Result, StateKey};
 use tokio::sync::OwnedMutexGuard;
 
@@ -140,16 +140,16 @@ impl HeldLock for EtcdHeld {
     }
 
     fn release_in_background(self: Box<Self>) {
-        // Counted as a withdrawal: this instance's next acquire of the name waits for it, so
-        // `drop(guard); backend.try_lock(name)` is not refused by our own key (review F12).
-        let withdrawal = self.session.withdrawals.begin(&self.name);
-        spawn_detached(crate::KIND, "release a dropped guard", async move {
-            // A failed release goes on in `keep_releasing`; this only reports it.
-            if let Err(e) = self.release().await {
-                tracing::warn!(lock = %self.name, error = %e, "etcd: background release failed; retrying while the session lives");
-            }
-            drop(self); // and with it the instance's turn on the name, before the next acquire
-            drop(withdrawal);
-        });
+        // A withdrawal (review F12); `self`, and with it the instance's turn on the name, is
+        // dropped when the release is done.
+        let (session, name) = (Arc::clone(&self.session), self.name.clone());
+        session
+            .withdrawals
+            .release_in_background(crate::KIND, &name, async move {
+                // A failed release goes on in `keep_releasing`; this only reports it.
+                if let Err(e) = self.release().await {
+                    tracing::warn!(lock = %self.name, error = %e, "etcd: background release failed; retrying while the session lives");
+                }
+            });
     }
 }

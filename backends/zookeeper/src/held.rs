@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use fencelock::raw::{keep_retrying, spawn_detached, HeldLock};
+use fencelock::raw::{keep_retrying, HeldLock};
 use fencelock::{Error, FencingToken, LockName, ReleaseOutcome, Result, StateKey};
 use zookeeper_client::{Acls, CheckWriteError, CreateMode, MultiReadResult};
 
@@ -222,24 +222,23 @@ impl HeldLock for ZkHeld {
 
     fn release_in_background(self: Box<Self>) {
         self.session.unregister(&self.node.path);
-        // Counted as a withdrawal until the first delete ends: this instance's next acquire of
-        // the name waits for it, so `drop(guard); backend.try_lock(name)` is not refused by our
-        // own node (review F12). A failed delete goes on in `keep_deleting`.
-        let withdrawal = self.session.withdrawals.begin(&self.name);
+        // A withdrawal until the first delete ends (review F12); a failed delete goes on in
+        // `keep_deleting`.
         let (session, path, limit) = (
             Arc::clone(&self.session),
             self.node.path.clone(),
             self.limit,
         );
-        spawn_detached(crate::KIND, "release a dropped guard", async move {
-            if delete_node(&session.client, &path, limit, limit)
-                .await
-                .is_err()
-            {
-                keep_deleting(session, path, limit);
-            }
-            drop(withdrawal);
-        });
+        self.session
+            .withdrawals
+            .release_in_background(crate::KIND, &self.name, async move {
+                if delete_node(&session.client, &path, limit, limit)
+                    .await
+                    .is_err()
+                {
+                    keep_deleting(session, path, limit);
+                }
+            });
     }
 }
 

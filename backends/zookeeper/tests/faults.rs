@@ -16,6 +16,18 @@ async fn connected_member(ensemble: &ZkEnsemble, backend: &ZkBackend) -> Option<
     (0..ensemble.members.len()).find(|&i| ensemble.connections(i).contains(&sid))
 }
 
+/// `backend.lock(name)` in a task of its own: the outcome, and when it came.
+fn lock_in_background(
+    backend: &Arc<ZkBackend>,
+    name: &'static str,
+) -> tokio::task::JoinHandle<(fencelock::Result<fencelock::LockGuard>, Instant)> {
+    let backend = Arc::clone(backend);
+    tokio::spawn(async move {
+        let outcome = backend.lock(name).await;
+        (outcome, Instant::now())
+    })
+}
+
 /// A backend whose session landed on a follower, and that follower's index.
 async fn on_a_follower(ensemble: &ZkEnsemble, factory: &common::ZkFactory) -> (ZkBackend, usize) {
     for _ in 0..20 {
@@ -153,13 +165,7 @@ async fn a_holder_on_a_cut_off_follower_is_lost_before_the_leader_hands_the_lock
     tokio::time::sleep(Duration::from_millis(300)).await; // a probe or two through the follower
     links.cut(follower, true);
     let cut_at = Instant::now();
-    let waiting = {
-        let successor = Arc::clone(&successor);
-        tokio::spawn(async move {
-            let next = successor.lock("job").await;
-            (next, Instant::now())
-        })
-    };
+    let waiting = lock_in_background(&successor, "job");
     tokio::time::timeout(common::TIMEOUT * 4, guard.lost())
         .await
         .expect("the cut-off holder must fire lost");
@@ -463,13 +469,7 @@ async fn a_timeout_renegotiated_lower_on_reconnect_fires_lost_before_a_successor
         proxy.set_mode(ProxyMode::BlackHole);
     }
     let cut = Instant::now();
-    let waiting = {
-        let successor = Arc::clone(&successor);
-        tokio::spawn(async move {
-            let next = successor.lock("job").await;
-            (next, Instant::now())
-        })
-    };
+    let waiting = lock_in_background(&successor, "job");
     let lost_at = tokio::time::timeout(common::TIMEOUT * 2, lost)
         .await
         .expect("the holder must fire lost")
