@@ -6,7 +6,7 @@ use std::task::Poll;
 
 use tokio_postgres::error::SqlState;
 use tokio_postgres::types::Type;
-use tokio_postgres::{GenericClient, Transaction};
+use tokio_postgres::{GenericClient, Statement, Transaction};
 
 const BACKEND: &str = "postgres fence";
 const ADMIT_SUFFIX: &str = "_admit";
@@ -101,10 +101,14 @@ impl PgFence {
     /// Cancel safe: the statement is idempotent.
     pub async fn create_table(&self, client: &impl GenericClient) -> Result<()> {
         // The function makes admission one round trip that writes only when it raises the
-        // mark: the UPDATE locks the row only when the token is newer (a row it does not match
-        // is not locked), so writes with the held token share the row FOR SHARE and run side by
-        // side, while a newer token's UPDATE waits for all of them. Taking FOR SHARE first and
-        // upgrading would deadlock two writers raising to the same new token. Refusing with an
+        // mark. The held token, the common case, takes one lookup: the first SELECT locks the
+        // row FOR SHARE only if it holds this very token, so writes with the held token share
+        // the row and run side by side. Otherwise the UPDATE locks the row only when the token
+        // is newer (a row it does not match is not locked), and a newer token's UPDATE waits
+        // for all the sharers. Taking FOR SHARE first and upgrading would deadlock two writers
+        // raising to the same new token; the first SELECT never leads to that: a row it found
+        // with this token but saw updated when it locked it now holds a higher token, which
+        // the loop refuses without writing. Refusing with an
         // error, not a value, aborts the caller's transaction on the server, which is what makes
         // `admit_then`'s pipelined write safe: PostgreSQL runs nothing after it but a rollback.
         let sql = format!(
@@ -114,6 +118,9 @@ impl PgFence {
              LANGUAGE plpgsql AS $fencelock$ \
              DECLARE held bigint; \
              BEGIN \
+               SELECT token INTO held FROM {t} WHERE lock = p_lock AND token = p_token \
+                 FOR SHARE; \
+               IF FOUND THEN RETURN held; END IF; \
                FOR attempt IN 1..3 LOOP \
                  UPDATE {t} SET token = p_token, admitted_at = now() \
                    WHERE lock = p_lock AND token < p_token; \
@@ -142,6 +149,9 @@ impl PgFence {
     /// Admits `token` for `lock` in the caller's transaction `tx`: raises the mark to it, or
     /// refuses it when a higher token was admitted. The fence row stays locked until `tx` ends.
     ///
+    /// The statement is sent unprepared (parsed and planned on every call). On a connection
+    /// that writes often, [`prepare`](PgFence::prepare) it once instead.
+    ///
     /// # Errors
     /// [`Error::StaleToken`] when a higher token was admitted (or the lock store was restored
     /// and issues lower tokens: see [`reset`](PgFence::reset)); [`Error::Backend`] when
@@ -157,30 +167,14 @@ impl PgFence {
         token: FencingToken,
     ) -> Result<()> {
         let value = to_sql(token)?;
-        // The row lock taken (FOR SHARE, or the raise's) makes the comparison against the
-        // latest committed token, and holds it until `tx` ends. Typed parameters: one round
-        // trip, no prepare.
-        let sql = format!("SELECT {}($1, $2)", self.admit_function());
+        // Typed parameters: one round trip, no prepare.
         let row = tx
-            .query_typed_one(&sql, &[(&lock, Type::TEXT), (&value, Type::INT8)])
-            .await
-            .map_err(|e| admit_error(lock, token, e))
-            .inspect_err(|e| {
-                if matches!(e, Error::StaleToken { .. }) {
-                    fencelock::telemetry::record_admission("postgres", false);
-                }
-            })?;
-        // The function raises for a stale token; the comparison here is a second check.
-        let highest = from_sql(row.get::<_, i64>(0))?;
-        fencelock::telemetry::record_admission("postgres", highest <= token);
-        if highest > token {
-            return Err(Error::StaleToken {
-                lock: lock.to_owned(),
-                presented: token,
-                highest,
-            });
-        }
-        Ok(())
+            .query_typed_one(
+                &self.admit_sql(),
+                &[(&lock, Type::TEXT), (&value, Type::INT8)],
+            )
+            .await;
+        admitted(lock, token, row)
     }
 
     /// Admits `token` for `lock` and runs `write` in the same transaction `tx`, sending both
@@ -223,22 +217,31 @@ impl PgFence {
     where
         W: Future<Output = std::result::Result<T, E>>,
     {
-        // A transaction, not any client: in autocommit, a refused admission would not stop the
-        // write. The admission's first poll sends it, before the write is polled at all, so
-        // every message of the write queues behind it on the connection.
-        let admit = self.admit(tx, lock, token);
-        let mut admit = std::pin::pin!(admit);
-        let first = std::future::poll_fn(|cx| Poll::Ready(admit.as_mut().poll(cx))).await;
-        match first {
-            Poll::Ready(admitted) => {
-                admitted?;
-                Ok(write.await)
-            }
-            Poll::Pending => {
-                let (admitted, written) = tokio::join!(admit, write);
-                admitted.map(|()| written)
-            }
-        }
+        pipelined(self.admit(tx, lock, token), write).await
+    }
+
+    /// Prepares the admission on `client`'s connection, for [`PgPreparedFence::admit`] and
+    /// [`PgPreparedFence::admit_then`] to run without parsing and planning it on every call:
+    /// do it once per connection, as a statement cache does.
+    ///
+    /// # Errors
+    /// [`Error::Backend`] when PostgreSQL fails (the admission function does not exist before
+    /// [`create_table`](PgFence::create_table)).
+    ///
+    /// # Cancel safety
+    /// Cancel safe: a statement prepared and dropped unused is closed.
+    pub async fn prepare(&self, client: &impl GenericClient) -> Result<PgPreparedFence> {
+        let statement = client
+            .prepare_typed(&self.admit_sql(), &[Type::TEXT, Type::INT8])
+            .await
+            .map_err(|e| pg_error("prepare the admission", e))?;
+        Ok(PgPreparedFence { statement })
+    }
+
+    fn admit_sql(&self) -> String {
+        // The row lock taken (FOR SHARE, or the raise's) makes the comparison against the
+        // latest committed token, and holds it until the transaction ends.
+        format!("SELECT {}($1, $2)", self.admit_function())
     }
 
     /// The highest token admitted for `lock`.
@@ -277,6 +280,123 @@ impl PgFence {
             .await
             .map(drop)
             .map_err(|e| pg_error("reset the fence", e))
+    }
+}
+
+/// A [`PgFence`]'s admission prepared on one connection ([`PgFence::prepare`]): the same
+/// admission as [`PgFence::admit`], without parsing and planning it on every call.
+///
+/// Use it only on transactions of the connection it was prepared on; on another, PostgreSQL
+/// answers that the statement does not exist ([`Error::Backend`]), and nothing is admitted.
+///
+/// ```no_run
+/// # async fn f(client: &mut tokio_postgres::Client, token: fencelock::FencingToken)
+/// # -> Result<(), Box<dyn std::error::Error>> {
+/// use fencelock_fence::postgres::PgFence;
+///
+/// let fence = PgFence::new("fencelock_fence")?.prepare(&*client).await?; // once per connection
+/// let debit = client.prepare("UPDATE accounts SET balance = balance - 10 WHERE id = 1").await?;
+/// let tx = client.transaction().await?;
+/// let updated = fence.admit_then(&tx, "payouts", token, tx.execute(&debit, &[])).await??;
+/// assert_eq!(updated, 1);
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct PgPreparedFence {
+    statement: Statement,
+}
+
+impl PgPreparedFence {
+    /// As [`PgFence::admit`], with the prepared statement.
+    ///
+    /// # Errors
+    /// As [`PgFence::admit`]; [`Error::Backend`] also when `tx` is not on the connection this
+    /// was prepared on.
+    ///
+    /// # Cancel safety
+    /// Cancel safe as long as `tx` is then rolled back (dropping it does).
+    pub async fn admit(
+        &self,
+        tx: &impl GenericClient,
+        lock: &str,
+        token: FencingToken,
+    ) -> Result<()> {
+        let value = to_sql(token)?;
+        let row = tx.query_one(&self.statement, &[&lock, &value]).await;
+        admitted(lock, token, row)
+    }
+
+    /// As [`PgFence::admit_then`], with the prepared statement.
+    ///
+    /// # Errors
+    /// As [`PgFence::admit_then`]; [`Error::Backend`] also when `tx` is not on the connection
+    /// this was prepared on.
+    ///
+    /// # Cancel safety
+    /// Cancel safe as long as `tx` is then rolled back (dropping it does).
+    pub async fn admit_then<T, E, W>(
+        &self,
+        tx: &Transaction<'_>,
+        lock: &str,
+        token: FencingToken,
+        write: W,
+    ) -> Result<std::result::Result<T, E>>
+    where
+        W: Future<Output = std::result::Result<T, E>>,
+    {
+        pipelined(self.admit(tx, lock, token), write).await
+    }
+}
+
+/// The admission's answer: its row, or the error the function raised.
+fn admitted(
+    lock: &str,
+    token: FencingToken,
+    row: std::result::Result<tokio_postgres::Row, tokio_postgres::Error>,
+) -> Result<()> {
+    let row = row
+        .map_err(|e| admit_error(lock, token, e))
+        .inspect_err(|e| {
+            if matches!(e, Error::StaleToken { .. }) {
+                fencelock::telemetry::record_admission("postgres", false);
+            }
+        })?;
+    // The function raises for a stale token; the comparison here is a second check.
+    let highest = from_sql(row.get::<_, i64>(0))?;
+    fencelock::telemetry::record_admission("postgres", highest <= token);
+    if highest > token {
+        return Err(Error::StaleToken {
+            lock: lock.to_owned(),
+            presented: token,
+            highest,
+        });
+    }
+    Ok(())
+}
+
+/// Runs `write` behind `admit` on one connection, both sent at once.
+async fn pipelined<T, E, W>(
+    admit: impl Future<Output = Result<()>>,
+    write: W,
+) -> Result<std::result::Result<T, E>>
+where
+    W: Future<Output = std::result::Result<T, E>>,
+{
+    // A transaction, not any client: in autocommit, a refused admission would not stop the
+    // write. The admission's first poll sends it, before the write is polled at all, so every
+    // message of the write queues behind it on the connection.
+    let mut admit = std::pin::pin!(admit);
+    let first = std::future::poll_fn(|cx| Poll::Ready(admit.as_mut().poll(cx))).await;
+    match first {
+        Poll::Ready(admitted) => {
+            admitted?;
+            Ok(write.await)
+        }
+        Poll::Pending => {
+            let (admitted, written) = tokio::join!(admit, write);
+            admitted.map(|()| written)
+        }
     }
 }
 

@@ -28,6 +28,8 @@ enum Mode {
     Admit,
     /// `admit_then`: the statements sent right behind the admission.
     Pipelined,
+    /// `admit_then` of the admission prepared on the writer's connection.
+    Prepared,
 }
 
 #[derive(Default)]
@@ -49,6 +51,7 @@ async fn writer(
     tally: Arc<Tally>,
 ) {
     let mut client = connect(&pg).await;
+    let prepared = fence.prepare(&client).await.unwrap();
     let jitter = |i: u64| Duration::from_millis((seed * 7 + i * 13) % 17);
     for round in 0..10u64 {
         let guard = backend.lock("account").await.unwrap();
@@ -66,6 +69,11 @@ async fn writer(
             },
             Mode::Pipelined => {
                 fence
+                    .admit_then(&tx, "account", token, tx.query_one(&sql, &[]))
+                    .await
+            }
+            Mode::Prepared => {
+                prepared
                     .admit_then(&tx, "account", token, tx.query_one(&sql, &[]))
                     .await
             }
@@ -96,6 +104,7 @@ async fn writer(
                     Err(e) => Err(e),
                 },
                 Mode::Pipelined => fence.admit_then(&tx, "account", token, write).await,
+                Mode::Prepared => prepared.admit_then(&tx, "account", token, write).await,
             }
         };
         match written {
@@ -177,7 +186,7 @@ async fn stale_holders_never_commit_and_plain_writes_lose_updates() {
     let pg = Arc::new(PgServer::start());
     let etcd = EtcdCluster::start(1);
 
-    for mode in [Mode::Admit, Mode::Pipelined] {
+    for mode in [Mode::Admit, Mode::Pipelined, Mode::Prepared] {
         let (committed, refused, value, tokens) = run(&pg, &etcd, mode).await;
         println!("{mode:?}: {committed} committed, {refused} refused, register = {value}");
         assert!(
@@ -365,6 +374,26 @@ async fn sharing_and_raising() {
         .unwrap()
         .unwrap();
     assert_eq!(fence.highest(&a, "jobs").await.unwrap(), Some(t(7)));
+
+    // The held token, presented while a raise is open: it waits for the raise (its snapshot
+    // still shows the token it presents), then is refused, not admitted on the old row.
+    let tx_a = a.transaction().await.unwrap();
+    fence.admit(&tx_a, "jobs", t(8)).await.unwrap();
+    let old = raise(7);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        !old.is_finished(),
+        "the held token did not wait for a raise"
+    );
+    tx_a.commit().await.unwrap();
+    let refused = tokio::time::timeout(Duration::from_secs(10), old)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(&refused, Err(Error::StaleToken { highest, .. }) if highest.get() == 8),
+        "{refused:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -448,4 +477,57 @@ async fn an_admission_never_compares_against_an_old_snapshot() {
         }
         drop(tx);
     }
+}
+
+/// The prepared admission admits and refuses as the unprepared one; used on another
+/// connection's transaction it fails, and that transaction's write does not land.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prepared_admission_refuses_stale_tokens_and_only_works_on_its_connection() {
+    let pg = PgServer::start();
+    let fence = PgFence::new("prepared_fence").unwrap();
+    let (mut a, mut b) = (connect(&pg).await, connect(&pg).await);
+    fence.create_table(&a).await.unwrap();
+    a.batch_execute(
+        "CREATE TABLE acct (id int PRIMARY KEY, balance bigint NOT NULL); \
+         INSERT INTO acct VALUES (1, 100)",
+    )
+    .await
+    .unwrap();
+    let t = FencingToken::new;
+    let prepared = fence.prepare(&a).await.unwrap();
+    let debit = "UPDATE acct SET balance = balance - 10 WHERE id = 1";
+
+    let tx = a.transaction().await.unwrap();
+    let admitted = prepared
+        .admit_then(&tx, "acct", t(5), tx.execute(debit, &[]))
+        .await;
+    assert_eq!(admitted.unwrap().unwrap(), 1);
+    tx.commit().await.unwrap();
+
+    let tx = a.transaction().await.unwrap();
+    let refused = prepared.admit(&tx, "acct", t(4)).await;
+    assert!(
+        matches!(&refused, Err(Error::StaleToken { presented, highest, .. })
+            if presented.get() == 4 && highest.get() == 5),
+        "{refused:?}"
+    );
+    drop(tx);
+
+    // On another connection the statement does not exist: an error, never an admission.
+    let tx = b.transaction().await.unwrap();
+    let elsewhere = prepared
+        .admit_then(&tx, "acct", t(6), tx.execute(debit, &[]))
+        .await;
+    assert!(
+        matches!(&elsewhere, Err(e @ Error::Backend { .. }) if !e.is_retryable()),
+        "{elsewhere:?}"
+    );
+    tx.commit().await.ok();
+    let balance: i64 = a
+        .query_one("SELECT balance FROM acct WHERE id = 1", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(balance, 90, "a write behind a failed admission landed");
+    assert_eq!(fence.highest(&a, "acct").await.unwrap(), Some(t(5)));
 }
