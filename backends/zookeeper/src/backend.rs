@@ -232,14 +232,12 @@ impl ZkBackend {
             held: Box::new(held),
         }
         .into_guard_with_trigger();
-        tokio::spawn(mutex::watch_own_node(
-            session.client.clone(),
-            path.clone(),
+        session.register(&path, trigger.clone());
+        session.watch_own(crate::own_nodes::OwnNode {
+            path,
             own_version,
-            trigger.clone(),
-            session.clock.lost_token().clone(),
-        ));
-        session.register(&path, trigger);
+            trigger,
+        });
         guard
     }
 }

@@ -25,7 +25,7 @@ pub(crate) struct ZkHeld {
     pub(crate) node: Node,
     pub(crate) acls: Acls<'static>,
     pub(crate) limit: Duration,
-    /// The version our own writes give the node (see `mutex::watch_own_node`).
+    /// The version our own writes give the node (see `own_nodes`).
     pub(crate) own_version: Arc<AtomicI32>,
 }
 

@@ -57,6 +57,7 @@ mod config;
 mod election;
 mod held;
 mod mutex;
+mod own_nodes;
 mod paths;
 mod queue;
 mod semaphore;

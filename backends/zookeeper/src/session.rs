@@ -12,11 +12,13 @@ use std::time::Duration;
 
 use fencelock::raw::{keep_renewed, LeaseClock, Live, Renew, Renewal, Withdrawals};
 use fencelock::{Error, Result};
+use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use zookeeper_client::{Client, SessionState};
 
+use crate::own_nodes::{watch_own_nodes, OwnNode};
 use crate::{zk_error, ZkConfig};
 
 pub(crate) struct ZkSession {
@@ -25,6 +27,8 @@ pub(crate) struct ZkSession {
     /// Held lock nodes and the trigger of each guard's `lost`, re-checked after a reconnect.
     held: Mutex<HashMap<String, CancellationToken>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
+    /// Granted nodes, for the task that watches them (`own_nodes`).
+    own_nodes: mpsc::UnboundedSender<OwnNode>,
     /// Cancelled acquires of this session still being withdrawn.
     pub(crate) withdrawals: Arc<Withdrawals>,
     /// The request timeout, for the deletes after a loss.
@@ -84,11 +88,18 @@ impl ZkSession {
             ?timeout,
             "zookeeper: session established"
         );
+        let (own_nodes, granted) = mpsc::unbounded_channel();
+        let watcher = tokio::spawn(watch_own_nodes(
+            client.clone(),
+            granted,
+            clock.lost_token().clone(),
+        ));
         let session = Arc::new(ZkSession {
             client,
             clock,
             held: Mutex::new(HashMap::new()),
-            tasks: Mutex::new(Vec::new()),
+            tasks: Mutex::new(vec![watcher]),
+            own_nodes,
             withdrawals: Arc::default(),
             limit: config.request_timeout,
             timeout,
@@ -145,6 +156,12 @@ impl ZkSession {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(path.to_owned(), trigger);
+    }
+
+    /// Watches a granted node until it is released, or fires its guard's `lost`.
+    pub(crate) fn watch_own(&self, node: OwnNode) {
+        // Refused only once the session is over, which fires every guard's `lost` anyway.
+        let _ = self.own_nodes.send(node);
     }
 
     pub(crate) fn unregister(&self, path: &str) {

@@ -225,6 +225,52 @@ async fn a_node_deleted_behind_our_back_fires_lost_at_once() {
     assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::NotOwned);
 }
 
+/// One task watches every node of a session: a node deleted behind our back fires the `lost`
+/// of its own guard only, the session's other watches go on (each fires for its own node
+/// later), and a released guard's watch ends without firing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_held_node_of_a_session_is_watched_on_its_own() {
+    let factory = common::ZkFactory::on(common::shared_standalone()).await;
+    let backend = factory.backend().await;
+    let names = ["a", "b", "c", "d"];
+    let mut guards = Vec::new();
+    for name in names {
+        guards.push(backend.lock(name).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await; // the watches are set after the grants
+    let admin = zookeeper_client::Client::connect(&factory.connect)
+        .await
+        .unwrap();
+    let node_of = |name: &str| {
+        let (admin, dir) = (&admin, format!("{}/{name}", factory.base));
+        async move {
+            let children = admin.list_children(&dir).await.unwrap();
+            assert_eq!(children.len(), 1, "{children:?}");
+            format!("{dir}/{}", children[0])
+        }
+    };
+    // "d" released: its watch ends quietly; its node is gone.
+    let d = guards.pop().unwrap();
+    assert_eq!(d.release().await.unwrap(), ReleaseOutcome::Released);
+    for (i, name) in [(1, "b"), (0, "a")] {
+        admin.delete(&node_of(name).await, None).await.unwrap();
+        tokio::time::timeout(common::TIMEOUT, guards[i].lost())
+            .await
+            .unwrap_or_else(|_| panic!("{name}: lost must fire after its node's delete"));
+        let still: Vec<bool> = guards.iter().map(|g| g.is_held()).collect();
+        let expect: Vec<bool> = match name {
+            "b" => vec![true, false, true],
+            _ => vec![false, false, true],
+        };
+        assert_eq!(
+            still, expect,
+            "after deleting {name}'s node (a, b, c held?)"
+        );
+    }
+    let c = guards.pop().unwrap();
+    assert_eq!(c.release().await.unwrap(), ReleaseOutcome::Released);
+}
+
 /// Review F5: someone writes to our lock node (Curator's `Revoker`, `zkCli set`). That is a
 /// loss (`lost` fires), and the release must still delete the node: deletes with version 0 left
 /// it in place, blocking every other contender until our session ended.
