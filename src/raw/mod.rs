@@ -48,7 +48,7 @@ pub use enqueued::{Enqueued, Withdraw};
 pub use grant::Grant;
 pub use observe::{observe_leader, watch_queue, Watched};
 pub use renew::{keep_renewed, Renew, Renewal};
-pub use retry::{keep_retrying, spawn_detached, Backoff};
+pub use retry::{keep_retrying, spawn_detached, Backoff, Budget};
 pub use slot::{Live, SessionSlot};
 
 use crate::{Error, Result};

@@ -61,6 +61,34 @@ impl Backoff {
     }
 }
 
+/// The time one operation's attempts share (a release's retried deletes): each attempt is cut
+/// to what is left, so that the whole ends within the budget, not up to one attempt after it.
+#[derive(Debug, Clone, Copy)]
+pub struct Budget {
+    start: tokio::time::Instant,
+    total: Duration,
+}
+
+impl Budget {
+    /// A budget of `total`, counted from now.
+    pub fn start(total: Duration) -> Self {
+        Budget {
+            start: tokio::time::Instant::now(),
+            total,
+        }
+    }
+
+    /// The limit of the next attempt: `attempt`, or what is left of the budget if less.
+    pub fn attempt(&self, attempt: Duration) -> Duration {
+        attempt.min(self.total.saturating_sub(self.start.elapsed()))
+    }
+
+    /// Whether an attempt after a pause of `pause` would still have time to run.
+    pub fn allows_retry_after(&self, pause: Duration) -> bool {
+        self.start.elapsed() + pause < self.total
+    }
+}
+
 /// Spawns `work` on the current Tokio runtime without waiting for it; outside a runtime (a
 /// guard dropped after its runtime shut down, say) logs that `what` is left to the lease.
 /// Returns the task, for a caller that wants to wait for it.
@@ -199,5 +227,24 @@ mod tests {
             let after = if final_error { 1 } else { 4 }; // the attempt after the pause, then none
             assert_eq!(calls.load(Ordering::SeqCst), after);
         }
+    }
+}
+
+#[cfg(test)]
+mod budget_tests {
+    use super::Budget;
+    use std::time::Duration;
+
+    #[tokio::test(start_paused = true)]
+    async fn an_attempt_is_cut_to_what_is_left_and_no_retry_starts_past_the_budget() {
+        let budget = Budget::start(Duration::from_secs(1));
+        let attempt = Duration::from_millis(666);
+        assert_eq!(budget.attempt(attempt), attempt);
+        tokio::time::advance(Duration::from_millis(866)).await;
+        assert_eq!(budget.attempt(attempt), Duration::from_millis(134));
+        assert!(budget.allows_retry_after(Duration::from_millis(100)));
+        assert!(!budget.allows_retry_after(Duration::from_millis(200)));
+        tokio::time::advance(Duration::from_millis(200)).await;
+        assert_eq!(budget.attempt(attempt), Duration::ZERO);
     }
 }

@@ -8,7 +8,7 @@ use etcd_client::{
     Client, Compare, CompareOp, EventType, GetOptions, PutOptions, SortOrder, SortTarget, Txn,
     TxnOp, TxnOpResponse, TxnResponse,
 };
-use fencelock::raw::{Backoff, Live, Withdraw};
+use fencelock::raw::{Backoff, Budget, Live, Withdraw};
 use fencelock::{Error, LockName, Owner, Result};
 use tokio::sync::OwnedMutexGuard;
 
@@ -361,17 +361,17 @@ pub(crate) async fn release_key(
     attempt: Duration,
     budget: Duration,
 ) -> Result<bool> {
-    let start = tokio::time::Instant::now();
+    let budget = Budget::start(budget);
     // Whether an earlier attempt may have deleted the key without our hearing of it.
     let mut maybe_applied = false;
     // Bounded by `budget`.
     loop {
-        match delete_if_created(client, key, token, attempt).await {
+        match delete_if_created(client, key, token, budget.attempt(attempt)).await {
             // After a lost reply, a key found gone is most likely gone by our own delete: it
             // was ours when that attempt was sent (review F12). The compare on the create
             // revision means no attempt can have deleted anyone else's key.
             Ok(done) => return Ok(done || maybe_applied),
-            Err(e) if start.elapsed() + RETRY_PAUSE >= budget => return Err(e),
+            Err(e) if !budget.allows_retry_after(RETRY_PAUSE) => return Err(e),
             Err(e) => {
                 tracing::debug!(%key, error = %e, "etcd: release attempt failed; retrying");
                 maybe_applied = true;

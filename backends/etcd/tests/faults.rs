@@ -192,6 +192,33 @@ impl Drop for Inside<'_> {
     }
 }
 
+/// A release that gets no answer gives up within `request_timeout`: its retries share that
+/// budget, and the last one is cut to what is left of it. Before, the last retry could start
+/// just inside the budget and run a whole attempt past it (1.5 s with a 1 s timeout).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_that_gets_no_answer_gives_up_within_the_request_timeout() {
+    let cluster = common::shared_single();
+    let proxy = TcpProxy::start(format!("127.0.0.1:{}", cluster.members[0].client_port)).await;
+    let prefix = format!("{}/", unique("release-budget"));
+    // A short TTL makes one attempt (TTL / 3) shorter than the timeout, so that it is retried.
+    let mut config = common::config(vec![proxy.endpoint()], &prefix).ttl(Duration::from_secs(2));
+    config.request_timeout = Duration::from_secs(1);
+    let backend = EtcdBackend::connect(config).await.unwrap();
+    let guard = backend.lock("job").await.unwrap();
+    proxy.set_mode(ProxyMode::BlackHole);
+    let start = Instant::now();
+    let released = guard.release().await;
+    let took = start.elapsed();
+    eprintln!("release: {released:?} after {took:?}");
+    assert!(released.is_err(), "{released:?}");
+    // Halfway between the budget (1 s) and what it took before (1.5 s).
+    assert!(
+        took < Duration::from_millis(1250),
+        "the release took {took:?} with a request timeout of 1 s"
+    );
+    proxy.set_mode(ProxyMode::Forward);
+}
+
 /// Review F1: B's `lock_timeout` times out while its link is black-holed, so its withdrawal
 /// cannot reach etcd then, but its session outlives the cut. Before the shared `Enqueued`, the
 /// one withdrawal attempt failed and B's key stayed queued on a live lease: every later

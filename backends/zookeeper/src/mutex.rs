@@ -18,7 +18,7 @@
 
 use std::time::Duration;
 
-use fencelock::raw::{Live, Withdraw};
+use fencelock::raw::{Budget, Live, Withdraw};
 use fencelock::{Error, LockName, Result};
 use zookeeper_client::{Acls, Client, CreateMode, MultiReadResult};
 
@@ -334,12 +334,13 @@ pub(crate) async fn delete_node(
     attempt: Duration,
     budget: Duration,
 ) -> Result<bool> {
-    let start = tokio::time::Instant::now();
+    let budget = Budget::start(budget);
     // Whether an earlier attempt may have deleted the node without our hearing of it.
     let mut maybe_applied = false;
     // Bounded by `budget`.
     loop {
-        match tokio::time::timeout(attempt, client.delete(path, None)).await {
+        let limit = budget.attempt(attempt);
+        match tokio::time::timeout(limit, client.delete(path, None)).await {
             Ok(Ok(())) => return Ok(true),
             // After a lost reply, the node we find gone is most likely gone by our own delete:
             // it was there when we sent it (review F9).
@@ -356,10 +357,10 @@ pub(crate) async fn delete_node(
             Ok(Err(e)) if !zk_error("delete", e.clone()).is_retryable() => {
                 return Err(zk_error("delete the lock node", e));
             }
-            outcome if start.elapsed() + RETRY_PAUSE >= budget => {
+            outcome if !budget.allows_retry_after(RETRY_PAUSE) => {
                 return Err(match outcome {
                     Ok(Err(e)) => zk_error("delete the lock node", e),
-                    _ => Error::timed_out(crate::KIND, format!("delete {path}"), attempt),
+                    _ => Error::timed_out(crate::KIND, format!("delete {path}"), limit),
                 });
             }
             _ => {
