@@ -212,7 +212,8 @@ impl ZkBackend {
     ) -> LockGuard {
         let limit = self.config.request_timeout;
         let token = FencingToken::new(node.czxid.unsigned_abs());
-        let path = node.path.clone();
+        // One copy of the path for the session's held map and its watcher.
+        let path: Arc<str> = Arc::from(node.path.as_str());
         let own_version = Arc::new(AtomicI32::new(0));
         let held = ZkHeld {
             session: Arc::clone(session),
@@ -232,7 +233,7 @@ impl ZkBackend {
             held: Box::new(held),
         }
         .into_guard_with_trigger();
-        session.register(&path, trigger.clone());
+        session.register(Arc::clone(&path), trigger.clone());
         session.watch_own(crate::own_nodes::OwnNode {
             path,
             own_version,

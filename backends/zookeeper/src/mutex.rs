@@ -30,8 +30,14 @@ use crate::zk_error;
 #[derive(Clone, Debug)]
 pub(crate) struct Node {
     pub(crate) path: String,
-    pub(crate) child: String,
     pub(crate) czxid: i64,
+}
+
+impl Node {
+    /// The node's name in its lock's directory (what a listing of it returns).
+    pub(crate) fn child(&self) -> &str {
+        self.path.rsplit('/').next().unwrap_or_default()
+    }
 }
 
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
@@ -60,11 +66,10 @@ pub(crate) async fn create(
         .await;
         match created {
             Ok(Ok((stat, sequence))) => {
-                let path = format!("{prefix}{sequence}");
-                let child = path.rsplit('/').next().unwrap_or_default().to_owned();
+                let mut path = format!("{prefix}{sequence}");
+                path.shrink_to_fit(); // kept as long as the lock is held
                 return Ok(Node {
                     path,
-                    child,
                     czxid: stat.czxid,
                 });
             }
@@ -136,7 +141,6 @@ async fn find(client: &Client, dir: &str, tag: &str, limit: Duration) -> Result<
             Ok(Ok(Some(stat))) if stat.ephemeral_owner == client.session_id().0 => {
                 ours.push(Node {
                     path,
-                    child,
                     czxid: stat.czxid,
                 });
             }
@@ -151,7 +155,7 @@ async fn find(client: &Client, dir: &str, tag: &str, limit: Duration) -> Result<
             }
         }
     }
-    ours.sort_by(|a, b| sort_key(&a.child).cmp(sort_key(&b.child)));
+    ours.sort_by(|a, b| sort_key(a.child()).cmp(sort_key(b.child())));
     let mut ours = ours.into_iter();
     let kept = ours.next();
     for extra in ours {
@@ -222,7 +226,7 @@ pub(crate) async fn wait_turn(
             Some(MultiReadResult::Data { data, .. }) => Some(data),
             _ => None,
         };
-        let place = place(&children, &node.child, recipe);
+        let place = place(&children, node.child(), recipe);
         if let Some(child) = place.wrapped {
             return Err(crate::paths::wrapped(dir, child));
         }

@@ -10,7 +10,7 @@ use zookeeper_client::{Client, EventType};
 
 /// A granted node to watch.
 pub(crate) struct OwnNode {
-    pub(crate) path: String,
+    pub(crate) path: Arc<str>,
     /// The highest version our own writes can have given the node, set before each is sent
     /// (ZooKeeper may tell the watcher before the writer's reply arrives).
     pub(crate) own_version: Arc<AtomicI32>,

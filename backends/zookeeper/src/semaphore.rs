@@ -46,7 +46,7 @@ pub(crate) async fn admit(
     // The count's read already listed the leases, after our lease was created and while we
     // hold the gate: with room, that listing admits us (the watched listing below is needed
     // only to wait), as it is the same read the first pass would make.
-    if !children.contains(&lease.child) {
+    if !children.iter().any(|c| c == lease.child()) {
         return Err(lost());
     }
     if children.len() <= most {
@@ -77,7 +77,7 @@ pub(crate) async fn admit(
                 continue;
             }
         };
-        if !children.contains(&lease.child) {
+        if !children.iter().any(|c| c == lease.child()) {
             return Err(lost()); // our lease is gone: the session expired, or someone deleted it
         }
         if children.len() <= most {
@@ -123,7 +123,7 @@ async fn check_count(
             ))
         }
     };
-    let others = children.iter().any(|c| *c != lease.child);
+    let others = children.iter().any(|c| c != lease.child());
     let stored = stored_permits(&data);
     match stored {
         Some(n) if n == permits => return Ok(children),

@@ -25,7 +25,7 @@ pub(crate) struct ZkSession {
     pub(crate) client: Client,
     pub(crate) clock: Arc<LeaseClock>,
     /// Held lock nodes and the trigger of each guard's `lost`, re-checked after a reconnect.
-    held: Mutex<HashMap<String, CancellationToken>>,
+    held: Mutex<HashMap<Arc<str>, CancellationToken>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     /// Granted nodes, for the task that watches them (`own_nodes`).
     own_nodes: mpsc::UnboundedSender<OwnNode>,
@@ -143,7 +143,7 @@ impl ZkSession {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .drain()
-            .map(|(path, _)| path)
+            .map(|(path, _)| path.to_string())
             .collect();
         for path in paths {
             tracing::info!(%path, "zookeeper: deleting the node of a lock lost to the local deadline");
@@ -151,11 +151,11 @@ impl ZkSession {
         }
     }
 
-    pub(crate) fn register(&self, path: &str, trigger: CancellationToken) {
+    pub(crate) fn register(&self, path: Arc<str>, trigger: CancellationToken) {
         self.held
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(path.to_owned(), trigger);
+            .insert(path, trigger);
     }
 
     /// Watches a granted node until it is released, or fires its guard's `lost`.
@@ -174,7 +174,7 @@ impl ZkSession {
     /// After a reconnect: a lock whose node is gone, or no longer ours, is lost even though the
     /// session survived.
     async fn verify_held(&self) {
-        let held: Vec<(String, CancellationToken)> = self
+        let held: Vec<(Arc<str>, CancellationToken)> = self
             .held
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
