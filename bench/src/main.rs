@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // a benchmark: a panic is the report
 
+mod cpu;
 mod failover;
 mod fence;
 mod handoff;
@@ -37,10 +38,17 @@ async fn main() {
         "loss",
         "failover",
         "fence",
+        "cpu",
     ];
     if !known.contains(&what.as_str()) {
         eprintln!("usage: fencelock-bench [{}]", known.join("|"));
         std::process::exit(64);
+    }
+    if what == "cpu" {
+        // For a profile: one client, `n` operations (see `cpu.rs`).
+        let arg = |i: usize| std::env::args().nth(i).unwrap_or_default();
+        cpu::run(&arg(2), &arg(3), arg(4).parse().unwrap_or(0)).await;
+        return;
     }
     let wants = |part: &str| what == "all" || what == part;
     let started = std::time::Instant::now();

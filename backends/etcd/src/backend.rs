@@ -48,6 +48,8 @@ pub struct EtcdBackend {
     /// Shared: the client is 3.5 KB by value, and every held lock keeps a handle.
     client: Arc<Client>,
     config: EtcdConfig,
+    /// `config.owner` encoded once: every entry's value carries it.
+    owner: Arc<str>,
     keys: Keys,
     session: SessionSlot<Session>,
 }
@@ -91,6 +93,7 @@ impl EtcdBackend {
         Ok(EtcdBackend {
             client: Arc::new(client),
             keys: Keys::new(&config.prefix),
+            owner: config.owner.encode().into(),
             config,
             session: SessionSlot::new(),
         })
@@ -184,7 +187,7 @@ impl EtcdBackend {
         let at = at(session.lease);
         let (value, unique) = match entry {
             Entry::Lock | Entry::Rw(_) => {
-                let value = mutex::attempt_value(&self.config.owner);
+                let value = mutex::attempt_value(&self.owner);
                 (value.clone().into_bytes(), Some(value))
             }
             Entry::Candidate(value) => (value.to_vec(), None),
@@ -351,7 +354,7 @@ impl EtcdBackend {
                 permit.clone(),
                 session.lease,
             );
-            let value = semaphore::permit_value(permits, &self.config.owner);
+            let value = semaphore::permit_value(permits, &self.owner);
             async move {
                 let gate = (gate_key.as_str(), gate_created);
                 semaphore::put_permit(&client, &name, gate, &permit, &value, lease, limit).await
@@ -624,7 +627,7 @@ mod tests {
 
         // Attempt N of b: queued behind a, then withdrawn (cancelled).
         let session = b.session().await.unwrap();
-        let value = mutex::attempt_value(&b.config.owner);
+        let value = mutex::attempt_value(&b.owner);
         let queued = mutex::enqueue(
             &b.client,
             &b.keys.lock_queue(&name, session.lease),
@@ -640,7 +643,7 @@ mod tests {
         let mut late = Unqueue {
             client: Arc::clone(&b.client),
             session: Arc::clone(&session),
-            key: b.keys.lock_key(&name, session.lease),
+            key: b.keys.lock_queue(&name, session.lease).key,
             value: Some(value),
             limit: LIMIT,
             turn: Some(turn),

@@ -37,16 +37,12 @@ impl Keys {
         format!("{}{}/", self.prefix, name)
     }
 
-    /// This session's contender key for `name`.
-    pub(crate) fn lock_key(&self, name: &LockName, lease: i64) -> String {
-        format!("{}{lease:x}", self.lock_prefix(name))
-    }
-
     /// Where the lock `name`'s queue lives, for this session.
     pub(crate) fn lock_queue(&self, name: &LockName, lease: i64) -> QueueAt {
+        let prefix = self.lock_prefix(name);
         QueueAt {
-            prefix: self.lock_prefix(name),
-            key: self.lock_key(name, lease),
+            key: format!("{prefix}{lease:x}"),
+            prefix,
             checkpoint: self.state_key(name, &StateKey::checkpoint()),
         }
     }
@@ -122,7 +118,7 @@ mod tests {
         let keys = Keys::new("fencelock/");
         let name = LockName::new("jobs").unwrap();
         assert_eq!(
-            keys.lock_key(&name, 0x694d_7a1b_2c3d),
+            keys.lock_queue(&name, 0x694d_7a1b_2c3d).key,
             "fencelock/jobs/694d7a1b2c3d"
         );
         assert_eq!(

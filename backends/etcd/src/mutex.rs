@@ -9,7 +9,7 @@ use etcd_client::{
     TxnOp, TxnOpResponse, TxnResponse,
 };
 use fencelock::raw::{Backoff, Budget, Live, Withdraw};
-use fencelock::{Error, LockName, Owner, Result};
+use fencelock::{Error, LockName, Result};
 use tokio::sync::OwnedMutexGuard;
 
 use crate::call;
@@ -422,10 +422,11 @@ fn revision(resp: &TxnResponse, what: &str) -> Result<i64> {
 
 /// Our key's value: `<unix millis>-<nonce> <owner>`. The millis say when we queued, for
 /// `status`; the nonce makes the value unique to this attempt, for a withdrawal that does not
-/// know the key's create revision; the owner says who queued ([`Owner::encode`]). Go's Mutex
-/// and etcdctl ignore the value; the key's put carries it, so it costs no request.
-pub(crate) fn attempt_value(owner: &Owner) -> String {
-    format!("{}-{:016x} {}", unix_millis(), nonce(), owner.encode())
+/// know the key's create revision; the owner says who queued ([`fencelock::Owner::encode`],
+/// encoded once per backend). Go's Mutex and etcdctl ignore the value; the key's put carries
+/// it, so it costs no request.
+pub(crate) fn attempt_value(owner: &str) -> String {
+    format!("{}-{:016x} {}", unix_millis(), nonce(), owner)
 }
 
 /// A number no other attempt of this process (or, with overwhelming odds, any other) draws.

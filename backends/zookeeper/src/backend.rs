@@ -48,6 +48,8 @@ use crate::{zk_error, ZkConfig, KIND};
 /// multi-read.
 pub struct ZkBackend {
     config: ZkConfig,
+    /// `config.owner` encoded once: every node's data carries it.
+    owner: Arc<str>,
     paths: Paths,
     acls: Acls<'static>,
     session: SessionSlot<ZkSession>,
@@ -79,6 +81,7 @@ impl ZkBackend {
             Acls::anyone_all()
         };
         let backend = ZkBackend {
+            owner: config.owner.encode().into(),
             paths: Paths::new(&config.base_path),
             acls,
             session: SessionSlot::new(),
@@ -147,7 +150,7 @@ impl ZkBackend {
         entry: Entry<'_>,
     ) -> Result<LockGuard> {
         // A lock node's data says who queued it (Curator's says its IP address: foreign).
-        let owner = self.config.owner.encode();
+        let owner = Arc::clone(&self.owner);
         let (recipe, data) = match entry {
             Entry::Lock => (Recipe::Mutex, owner.as_bytes()),
             Entry::Candidate(value) => (Recipe::Latch, value),
@@ -253,7 +256,7 @@ impl ZkBackend {
         permits: u32,
         try_once: bool,
     ) -> Result<LockGuard> {
-        let owner = self.config.owner.encode();
+        let owner = Arc::clone(&self.owner);
         let session = self.session().await?;
         let limit = self.config.request_timeout;
         session.withdrawals.settled(name, limit).await;
@@ -264,7 +267,7 @@ impl ZkBackend {
                 session.client.clone(),
                 dir.to_owned(),
                 id.clone(),
-                owner.clone().into_bytes(),
+                owner.as_bytes().to_vec(),
                 self.acls,
             );
             async move { mutex::create(&client, &dir, (&id, recipe), &data, acls, limit).await }
@@ -532,6 +535,7 @@ mod tests {
     fn the_acquire_future_stays_small() {
         let backend = ZkBackend {
             config: ZkConfig::new("127.0.0.1:1"),
+            owner: "x".into(),
             paths: Paths::new("/x"),
             acls: Acls::anyone_all(),
             session: SessionSlot::new(),

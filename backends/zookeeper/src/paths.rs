@@ -108,6 +108,16 @@ pub(crate) fn node_tag(id: &str, recipe: Recipe) -> String {
 pub(crate) fn sort_key(child: &str) -> &str {
     let names = [LOCK_NAME, LATCH_NAME, LEASE_NAME, READ_NAME, WRITE_NAME];
     let bytes = child.as_bytes();
+    // A sequential node's name: a name, then ZooKeeper's ten digits, which hold no name, so
+    // that name is the last one. Five comparisons instead of a scan (a profile of an
+    // uncontended acquire put this function at 4% of the client's instructions).
+    if let Some(cut) = bytes.len().checked_sub(SEQUENCE_DIGITS) {
+        if bytes[cut..].iter().all(u8::is_ascii_digit)
+            && names.iter().any(|n| bytes[..cut].ends_with(n.as_bytes()))
+        {
+            return &child[cut..];
+        }
+    }
     // The end of the last occurrence of any name is the first end found scanning back, a few
     // bytes from the end for our nodes; five `rfind`s cost more than the rest of a listing.
     // The names are ASCII, so an end is a char boundary.
@@ -116,6 +126,9 @@ pub(crate) fn sort_key(child: &str) -> &str {
         .find(|&end| names.iter().any(|n| bytes[..end].ends_with(n.as_bytes())))
         .map_or(child, |end| &child[end..])
 }
+
+/// The digits ZooKeeper appends to a sequential node's name.
+const SEQUENCE_DIGITS: usize = 10;
 
 /// Whether a child is a reader's or a writer's node of a reader-writer lock.
 pub(crate) fn access_of(child: &str) -> Option<fencelock::Access> {
@@ -239,6 +252,12 @@ mod tests {
             "nothing here",
             "",
             "_c_u-lock--2147483648",
+            "lock-0000000001",
+            "_c_u-lock-12345678901",
+            "0000000000",
+            "x0000000001",
+            "_c_u-lock-lock-0000000001",
+            "_c_u-lease-__READ__0000000001",
         ] {
             assert_eq!(sort_key(child), by_rfind(child), "{child:?}");
         }
