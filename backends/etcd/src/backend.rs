@@ -49,7 +49,7 @@ pub struct EtcdBackend {
     client: Arc<Client>,
     config: EtcdConfig,
     /// `config.owner` encoded once: every entry's value carries it.
-    owner: Arc<str>,
+    owner: String,
     keys: Keys,
     session: SessionSlot<Session>,
 }
@@ -93,7 +93,7 @@ impl EtcdBackend {
         Ok(EtcdBackend {
             client: Arc::new(client),
             keys: Keys::new(&config.prefix),
-            owner: config.owner.encode().into(),
+            owner: config.owner.encode(),
             config,
             session: SessionSlot::new(),
         })

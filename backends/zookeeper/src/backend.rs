@@ -49,7 +49,7 @@ use crate::{zk_error, ZkConfig, KIND};
 pub struct ZkBackend {
     config: ZkConfig,
     /// `config.owner` encoded once: every node's data carries it.
-    owner: Arc<str>,
+    owner: String,
     paths: Paths,
     acls: Acls<'static>,
     session: SessionSlot<ZkSession>,
@@ -81,7 +81,7 @@ impl ZkBackend {
             Acls::anyone_all()
         };
         let backend = ZkBackend {
-            owner: config.owner.encode().into(),
+            owner: config.owner.encode(),
             paths: Paths::new(&config.base_path),
             acls,
             session: SessionSlot::new(),
@@ -150,12 +150,11 @@ impl ZkBackend {
         entry: Entry<'_>,
     ) -> Result<LockGuard> {
         // A lock node's data says who queued it (Curator's says its IP address: foreign).
-        let owner = Arc::clone(&self.owner);
         let (recipe, data) = match entry {
-            Entry::Lock => (Recipe::Mutex, owner.as_bytes()),
+            Entry::Lock => (Recipe::Mutex, self.owner.as_bytes()),
             Entry::Candidate(value) => (Recipe::Latch, value),
-            Entry::Rw(Access::Read) => (Recipe::Read, owner.as_bytes()),
-            Entry::Rw(Access::Write) => (Recipe::Write, owner.as_bytes()),
+            Entry::Rw(Access::Read) => (Recipe::Read, self.owner.as_bytes()),
+            Entry::Rw(Access::Write) => (Recipe::Write, self.owner.as_bytes()),
         };
         let session = self.session().await?;
         let limit = self.config.request_timeout;
@@ -236,8 +235,7 @@ impl ZkBackend {
             held: Box::new(held),
         }
         .into_guard_with_trigger();
-        session.register(Arc::clone(&path), trigger.clone());
-        session.watch_own(crate::own_nodes::OwnNode {
+        session.hold(crate::own_nodes::OwnNode {
             path,
             own_version,
             trigger,
@@ -256,7 +254,6 @@ impl ZkBackend {
         permits: u32,
         try_once: bool,
     ) -> Result<LockGuard> {
-        let owner = Arc::clone(&self.owner);
         let session = self.session().await?;
         let limit = self.config.request_timeout;
         session.withdrawals.settled(name, limit).await;
@@ -267,7 +264,7 @@ impl ZkBackend {
                 session.client.clone(),
                 dir.to_owned(),
                 id.clone(),
-                owner.as_bytes().to_vec(),
+                self.owner.as_bytes().to_vec(),
                 self.acls,
             );
             async move { mutex::create(&client, &dir, (&id, recipe), &data, acls, limit).await }
@@ -535,7 +532,7 @@ mod tests {
     fn the_acquire_future_stays_small() {
         let backend = ZkBackend {
             config: ZkConfig::new("127.0.0.1:1"),
-            owner: "x".into(),
+            owner: "x".to_owned(),
             paths: Paths::new("/x"),
             acls: Acls::anyone_all(),
             session: SessionSlot::new(),

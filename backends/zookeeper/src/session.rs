@@ -151,15 +151,14 @@ impl ZkSession {
         }
     }
 
-    pub(crate) fn register(&self, path: Arc<str>, trigger: CancellationToken) {
+    /// Holds a granted node: checked after every reconnect and deleted after a local loss
+    /// until [`unregister`](Self::unregister)ed, and watched until it is deleted (the watch
+    /// fires its guard's `lost` if that was not our release).
+    pub(crate) fn hold(&self, node: OwnNode) {
         self.held
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .insert(path, trigger);
-    }
-
-    /// Watches a granted node until it is released, or fires its guard's `lost`.
-    pub(crate) fn watch_own(&self, node: OwnNode) {
+            .insert(Arc::clone(&node.path), node.trigger.clone());
         // Refused only once the session is over, which fires every guard's `lost` anyway.
         let _ = self.own_nodes.send(node);
     }
