@@ -76,24 +76,8 @@ pub async fn run(servers: &Servers) {
 }
 
 async fn etcd(servers: &Servers) {
-    let prefix = Servers::prefix();
-    let backend = servers.etcd_backend(&prefix).await;
-    let client = etcd_client::Client::connect(servers.etcd_endpoint(), None)
-        .await
-        .unwrap();
-    let lease = client.clone().lease_grant(60, None).await.unwrap().id();
-    let raw_key = format!("{prefix}raw/{lease:x}");
-    let peer_name = format!("{prefix}peer");
-    let ours = fencelock_op(&backend);
-    let raw: Op = Box::new(|| {
-        let (mut client, key) = (client.clone(), raw_key.clone());
-        Box::pin(async move { etcd_raw(&mut client, &key, lease).await })
-    });
-    let peer: Op = Box::new(|| {
-        let (mut client, name) = (client.clone(), peer_name.clone());
-        Box::pin(async move { etcd_peer(&mut client, name, lease).await })
-    });
-    let figures = interleaved(vec![ours, raw, peer]).await;
+    let clients = EtcdClients::start(servers).await;
+    let figures = interleaved(clients.ops()).await;
     rows(
         &servers.label("etcd"),
         [
@@ -106,26 +90,8 @@ async fn etcd(servers: &Servers) {
 }
 
 async fn zookeeper(servers: &Servers) {
-    let base = Servers::base();
-    let backend = servers.zk_backend(&base).await;
-    let zk = zookeeper_client::Client::connect(&servers.zk_connect())
-        .await
-        .unwrap();
-    let dir = format!("{base}/raw");
-    zk.mkdir(&dir, &CreateMode::Persistent.with_acls(Acls::anyone_all()))
-        .await
-        .unwrap();
-    let peer_dir = format!("{base}/peer");
-    let ours = fencelock_op(&backend);
-    let raw: Op = Box::new(|| {
-        let (zk, dir) = (&zk, dir.clone());
-        Box::pin(async move { zk_raw(zk, &dir).await })
-    });
-    let peer: Op = Box::new(|| {
-        let (zk, dir) = (&zk, peer_dir.clone());
-        Box::pin(async move { zk_peer(zk, &dir).await })
-    });
-    let figures = interleaved(vec![ours, raw, peer]).await;
+    let clients = ZkClients::start(servers).await;
+    let figures = interleaved(clients.ops()).await;
     rows(
         &servers.label("zookeeper"),
         [
@@ -135,6 +101,91 @@ async fn zookeeper(servers: &Servers) {
         ],
         &figures,
     );
+}
+
+/// The three etcd clients of an uncontended acquire + release, each on a name of its own
+/// (shared with `cpu`).
+pub struct EtcdClients {
+    backend: fencelock_etcd::EtcdBackend,
+    /// Used by one operation at a time: a clone per operation (eight gRPC clients) cost
+    /// the raw and peer clients about 11 k instructions each, which fencelock does not pay.
+    client: tokio::sync::Mutex<etcd_client::Client>,
+    lease: i64,
+    raw_key: String,
+    peer_name: String,
+}
+
+impl EtcdClients {
+    pub async fn start(servers: &Servers) -> Self {
+        let prefix = Servers::prefix();
+        let backend = servers.etcd_backend(&prefix).await;
+        let client = etcd_client::Client::connect(servers.etcd_endpoint(), None)
+            .await
+            .unwrap();
+        let lease = client.clone().lease_grant(60, None).await.unwrap().id();
+        EtcdClients {
+            backend,
+            client: tokio::sync::Mutex::new(client),
+            lease,
+            raw_key: format!("{prefix}raw/{lease:x}"),
+            peer_name: format!("{prefix}peer"),
+        }
+    }
+
+    /// fencelock, raw, peer.
+    pub fn ops(&self) -> Vec<Op<'_>> {
+        let lease = self.lease;
+        // The operations run one after another: the lock is never contended.
+        let raw: Op = Box::new(move || {
+            Box::pin(async move {
+                let mut client = self.client.lock().await;
+                etcd_raw(&mut client, &self.raw_key, lease).await;
+            })
+        });
+        let peer: Op = Box::new(move || {
+            Box::pin(async move {
+                let mut client = self.client.lock().await;
+                etcd_peer(&mut client, self.peer_name.clone(), lease).await;
+            })
+        });
+        vec![fencelock_op(&self.backend), raw, peer]
+    }
+}
+
+/// The three ZooKeeper clients of an uncontended acquire + release, each in a directory of its
+/// own (shared with `cpu`).
+pub struct ZkClients {
+    backend: fencelock_zookeeper::ZkBackend,
+    zk: zookeeper_client::Client,
+    dir: String,
+    peer_dir: String,
+}
+
+impl ZkClients {
+    pub async fn start(servers: &Servers) -> Self {
+        let base = Servers::base();
+        let backend = servers.zk_backend(&base).await;
+        let zk = zookeeper_client::Client::connect(&servers.zk_connect())
+            .await
+            .unwrap();
+        let dir = format!("{base}/raw");
+        zk.mkdir(&dir, &CreateMode::Persistent.with_acls(Acls::anyone_all()))
+            .await
+            .unwrap();
+        ZkClients {
+            backend,
+            zk,
+            dir,
+            peer_dir: format!("{base}/peer"),
+        }
+    }
+
+    /// fencelock, raw, peer.
+    pub fn ops(&self) -> Vec<Op<'_>> {
+        let raw: Op = Box::new(move || Box::pin(zk_raw(&self.zk, &self.dir)));
+        let peer: Op = Box::new(move || Box::pin(zk_peer(&self.zk, &self.peer_dir)));
+        vec![fencelock_op(&self.backend), raw, peer]
+    }
 }
 
 /// The raw etcd lock (shared with `many`): a put of `key` under `lease` if it is absent, then a
