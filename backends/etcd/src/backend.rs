@@ -293,12 +293,12 @@ impl EtcdBackend {
             .unsigned_abs(),
         );
         tracing::info!(lock = %name, %token, key = %queued.key, created = queued.created, "etcd: acquired");
-        let (held_key, created) = (queued.key.clone(), queued.created);
+        let (key, created): (Arc<str>, i64) = (Arc::from(queued.key), queued.created);
         let held = EtcdHeld {
             client: Arc::clone(&self.client),
             keys: self.keys.clone(),
             name: name.clone(),
-            key: queued.key,
+            key: Arc::clone(&key),
             created: queued.created,
             token,
             limit,
@@ -317,7 +317,7 @@ impl EtcdBackend {
         }
         .into_guard_with_trigger();
         session.held_keys.watch(Held {
-            key: held_key,
+            key,
             created,
             trigger,
         });
@@ -407,11 +407,12 @@ impl EtcdBackend {
         let _ = pending.disarm();
         let token = FencingToken::new(token.unsigned_abs());
         tracing::info!(semaphore = %name, %token, key = %permit.key, "etcd: permit acquired");
+        let key: Arc<str> = Arc::from(permit.key.as_str());
         let held = EtcdHeld {
             client: Arc::clone(&self.client),
             keys: self.keys.clone(),
             name: name.clone(),
-            key: permit.key.clone(),
+            key: Arc::clone(&key),
             created,
             token,
             limit,
@@ -430,7 +431,7 @@ impl EtcdBackend {
         }
         .into_guard_with_trigger();
         session.held_keys.watch(Held {
-            key: permit.key,
+            key,
             created,
             trigger,
         });

@@ -20,7 +20,8 @@ pub(crate) struct EtcdHeld {
     pub(crate) client: Arc<Client>,
     pub(crate) keys: Keys,
     pub(crate) name: LockName,
-    pub(crate) key: String,
+    /// Shared with the session's watch on it: one copy per held lock.
+    pub(crate) key: Arc<str>,
     /// Our key's create revision, which every request compares.
     pub(crate) created: i64,
     /// The grant's fencing token (the revision of the grant; see `mutex::Granted`).
@@ -62,7 +63,7 @@ impl EtcdHeld {
     async fn fenced(&self, what: &str, op: TxnOp) -> Result<Option<TxnOpResponse>> {
         let txn = Txn::new()
             .when([Compare::create_revision(
-                self.key.as_str(),
+                self.key.as_bytes(),
                 CompareOp::Equal,
                 self.created,
             )])
@@ -132,7 +133,7 @@ impl HeldLock for EtcdHeld {
     async fn set_value(&self, value: &[u8]) -> Result<()> {
         // As Go's `Election.Proclaim`: a put of our own key, with its lease, if it is still ours.
         let op = TxnOp::put(
-            self.key.as_str(),
+            self.key.as_bytes(),
             value.to_vec(),
             Some(PutOptions::new().with_lease(self.lease)),
         );

@@ -9,6 +9,8 @@
 //! - fenced state of lock `N`: `P ".state/" N "/" <key>`. Lock names never start with `.`, so no
 //!   contender's prefix scan (`P N "/"`) can ever see a state key.
 
+use std::sync::Arc;
+
 use fencelock::{Access, LockName, StateKey};
 
 /// Where one queue lives: the key a contender writes, the range it scans, and the checkpoint
@@ -20,15 +22,16 @@ pub(crate) struct QueueAt {
     pub(crate) checkpoint: String,
 }
 
+/// Cloned into every held lock, so the prefix is shared rather than copied.
 #[derive(Clone, Debug)]
 pub(crate) struct Keys {
-    prefix: String,
+    prefix: Arc<str>,
 }
 
 impl Keys {
     pub(crate) fn new(prefix: &str) -> Self {
         Keys {
-            prefix: prefix.to_owned(),
+            prefix: Arc::from(prefix),
         }
     }
 

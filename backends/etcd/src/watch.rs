@@ -10,6 +10,7 @@
 //! was compacted is replaced by one read of the key.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use etcd_client::{Client, EventType, WatchOptions, WatchStream};
 use fencelock::raw::Backoff;
@@ -18,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 /// A held key to watch.
 pub(crate) struct Held {
-    pub(crate) key: String,
+    pub(crate) key: Arc<str>,
     pub(crate) created: i64,
     /// The guard's `lost`.
     pub(crate) trigger: CancellationToken,
@@ -93,7 +94,7 @@ async fn run(
                     }
                     let (id, from) = (next_id, added.created + 1);
                     next_id += 1;
-                    let sent = stream.watch(added.key.clone(), Some(options(id, from))).await;
+                    let sent = stream.watch(added.key.as_bytes(), Some(options(id, from))).await;
                     held.insert(id, (added, from));
                     if sent.is_err() {
                         break;
@@ -123,12 +124,12 @@ async fn open(client: &Client, held: &HashMap<i64, (Held, i64)>) -> Option<Watch
     let (id, (first, from)) = entries.next()?;
     let mut watches = client.watch_client();
     let mut stream = watches
-        .watch(first.key.clone(), Some(options(*id, *from)))
+        .watch(first.key.as_bytes(), Some(options(*id, *from)))
         .await
         .ok()?;
     for (id, (entry, from)) in entries {
         stream
-            .watch(entry.key.clone(), Some(options(*id, *from)))
+            .watch(entry.key.as_bytes(), Some(options(*id, *from)))
             .await
             .ok()?;
     }
@@ -162,7 +163,7 @@ async fn answer(
         };
         // Our start revision was compacted: read the key once instead of its history.
         let mut kv = client.kv_client();
-        match kv.get(entry.key.clone(), None).await {
+        match kv.get(entry.key.as_bytes(), None).await {
             Ok(now) => {
                 let ours = now
                     .kvs()
@@ -177,7 +178,7 @@ async fn answer(
                 }
                 let from = now.header().map_or(entry.created + 1, |h| h.revision() + 1);
                 let sent = stream
-                    .watch(entry.key.clone(), Some(options(id, from)))
+                    .watch(entry.key.as_bytes(), Some(options(id, from)))
                     .await;
                 held.insert(id, (entry, from));
                 return sent.is_ok();

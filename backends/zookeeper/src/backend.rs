@@ -215,13 +215,14 @@ impl ZkBackend {
         let limit = self.config.request_timeout;
         let token = FencingToken::new(node.czxid.unsigned_abs());
         // One copy of the path for the session's held map and its watcher.
-        let path: Arc<str> = Arc::from(node.path.as_str());
+        let path: Arc<str> = Arc::from(node.path);
         let own_version = Arc::new(AtomicI32::new(0));
         let held = ZkHeld {
             session: Arc::clone(session),
             paths: self.paths.clone(),
             name: name.clone(),
-            node,
+            path: Arc::clone(&path),
+            czxid: node.czxid,
             acls: self.acls,
             limit,
             own_version: Arc::clone(&own_version),

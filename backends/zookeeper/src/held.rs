@@ -10,7 +10,7 @@ use fencelock::raw::{keep_retrying, HeldLock};
 use fencelock::{Error, FencingToken, LockName, ReleaseOutcome, Result, StateKey};
 use zookeeper_client::{Acls, CheckWriteError, CreateMode, MultiReadResult};
 
-use crate::mutex::{delete_node, Node};
+use crate::mutex::delete_node;
 use crate::paths::Paths;
 use crate::session::ZkSession;
 use crate::zk_error;
@@ -22,7 +22,10 @@ pub(crate) struct ZkHeld {
     pub(crate) session: Arc<ZkSession>,
     pub(crate) paths: Paths,
     pub(crate) name: LockName,
-    pub(crate) node: Node,
+    /// Our node's path, shared with the session's held map and its watcher.
+    pub(crate) path: Arc<str>,
+    /// Our node's czxid: the token, and what tells our node from a later one at its path.
+    pub(crate) czxid: i64,
     pub(crate) acls: Acls<'static>,
     pub(crate) limit: Duration,
     /// The version our own writes give the node (see `own_nodes`).
@@ -32,8 +35,8 @@ pub(crate) struct ZkHeld {
 impl std::fmt::Debug for ZkHeld {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ZkHeld")
-            .field("path", &self.node.path)
-            .field("czxid", &self.node.czxid)
+            .field("path", &self.path)
+            .field("czxid", &self.czxid)
             .finish_non_exhaustive()
     }
 }
@@ -46,10 +49,7 @@ enum Write<'a> {
 
 impl ZkHeld {
     fn refused(&self) -> Error {
-        Error::not_held(
-            &self.name,
-            FencingToken::new(self.node.czxid.unsigned_abs()),
-        )
+        Error::not_held(&self.name, FencingToken::new(self.czxid.unsigned_abs()))
     }
 
     /// One multi: check our node, then the write. `Ok(false)`: the write's own precondition
@@ -57,7 +57,7 @@ impl ZkHeld {
     async fn checked(&self, path: &str, write: Write<'_>) -> Result<bool> {
         let client = &self.session.client;
         let mut writer = client
-            .new_check_writer(&self.node.path, None)
+            .new_check_writer(&self.path, None)
             .map_err(|e| zk_error("fenced write", e))?;
         let added = match write {
             Write::Set(value) => writer.add_set_data(path, value, None),
@@ -83,26 +83,16 @@ impl ZkHeld {
 #[async_trait]
 impl HeldLock for ZkHeld {
     async fn release(&self) -> Result<ReleaseOutcome> {
-        self.session.unregister(&self.node.path);
-        let released = delete_node(
-            &self.session.client,
-            &self.node.path,
-            self.limit,
-            self.limit,
-        )
-        .await;
+        self.session.unregister(&self.path);
+        let released = delete_node(&self.session.client, &self.path, self.limit, self.limit).await;
         let released = match released {
             Ok(released) => released,
             Err(e) => {
-                keep_deleting(
-                    Arc::clone(&self.session),
-                    self.node.path.clone(),
-                    self.limit,
-                );
+                keep_deleting(Arc::clone(&self.session), self.path.to_string(), self.limit);
                 return Err(e);
             }
         };
-        tracing::info!(lock = %self.name, path = %self.node.path, released, "zookeeper: release");
+        tracing::info!(lock = %self.name, path = %self.path, released, "zookeeper: release");
         Ok(if released {
             ReleaseOutcome::Released
         } else {
@@ -146,7 +136,7 @@ impl HeldLock for ZkHeld {
         let path = self.paths.state(&self.name, key);
         let mut reader = self.session.client.new_multi_reader();
         reader
-            .add_get_data(&self.node.path)
+            .add_get_data(&self.path)
             .map_err(|e| zk_error("fenced get", e))?;
         reader
             .add_get_data(&path)
@@ -196,7 +186,7 @@ impl HeldLock for ZkHeld {
         self.own_version.store(current + 1, Ordering::SeqCst);
         let set = tokio::time::timeout(
             self.limit,
-            client.set_data(&self.node.path, value, Some(current)),
+            client.set_data(&self.path, value, Some(current)),
         )
         .await;
         match set {
@@ -207,8 +197,8 @@ impl HeldLock for ZkHeld {
             }
             outcome => {
                 // Landed or not: the node's version says which, for the next proclaim.
-                if let Ok(Some(stat)) = client.check_stat(&self.node.path).await {
-                    if stat.czxid == self.node.czxid {
+                if let Ok(Some(stat)) = client.check_stat(&self.path).await {
+                    if stat.czxid == self.czxid {
                         self.own_version.store(stat.version, Ordering::SeqCst);
                     }
                 }
@@ -221,14 +211,10 @@ impl HeldLock for ZkHeld {
     }
 
     fn release_in_background(self: Box<Self>) {
-        self.session.unregister(&self.node.path);
+        self.session.unregister(&self.path);
         // A withdrawal until the first delete ends (review F12); a failed delete goes on in
         // `keep_deleting`.
-        let (session, path, limit) = (
-            Arc::clone(&self.session),
-            self.node.path.clone(),
-            self.limit,
-        );
+        let (session, path, limit) = (Arc::clone(&self.session), self.path.to_string(), self.limit);
         self.session
             .withdrawals
             .release_in_background(crate::KIND, &self.name, async move {

@@ -14,6 +14,8 @@
 //! - fenced state of lock `N`: `B/.state/N/<key>`. Lock names never start with `.`, so no lock
 //!   path, and no child listing of one, can contain state.
 
+use std::sync::Arc;
+
 use fencelock::{Error, LockName, Result, StateKey};
 
 /// Curator's lock name for `InterProcessMutex`.
@@ -56,13 +58,14 @@ impl Recipe {
 
 #[derive(Clone, Debug)]
 pub(crate) struct Paths {
-    base: String,
+    /// Cloned into every held lock, so shared rather than copied.
+    base: Arc<str>,
 }
 
 impl Paths {
     pub(crate) fn new(base: &str) -> Self {
         Paths {
-            base: base.to_owned(),
+            base: Arc::from(base),
         }
     }
 
