@@ -2,6 +2,7 @@
 //! end in a guard.
 
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use tokio::task::JoinHandle;
@@ -25,11 +26,13 @@ pub trait Withdraw<T>: Send + 'static {
     fn session_alive(&self) -> bool;
 }
 
-/// The first request of an acquire (the one that writes the queue entry), run in a task of its
-/// own, and the undo if the acquire fails, times out or is dropped before it is disarmed.
+/// The first request of an acquire (the one that writes the queue entry), and the undo if the
+/// acquire fails, times out or is dropped before it is disarmed.
 ///
-/// The undo waits for the first request to finish, so a write still in flight cannot land
-/// after it, then calls [`Withdraw::withdraw`] until the store answers (retried with
+/// The request runs in the acquire's own task while [`reply`](Self::reply) is awaited (a task
+/// of its own cost every acquire a spawn and a cross-task wake-up); if the acquire is dropped
+/// with the request in flight, the request goes on in the withdrawal's task. The undo waits
+/// for the first request to finish, so a write still in flight cannot land after it, then calls [`Withdraw::withdraw`] until the store answers (retried with
 /// [`Backoff`] while the session lives and the error is retryable). It is counted in
 /// [`Withdrawals`] from the moment the acquire is dropped until that answer, and `W` is dropped
 /// only then, so a per-name turn kept in `W` is held until the entry is gone.
@@ -58,7 +61,8 @@ pub trait Withdraw<T>: Send + 'static {
 /// ```
 #[must_use = "dropping it withdraws the entry at once"]
 pub struct Enqueued<T: Send + 'static, W: Withdraw<T>> {
-    first: Option<JoinHandle<Result<T>>>,
+    /// Boxed so that a half-polled request can move into the withdrawal's task.
+    first: Option<Pin<Box<dyn Future<Output = Result<T>> + Send>>>,
     reply: Option<T>,
     armed: Option<Armed<W>>,
 }
@@ -70,10 +74,10 @@ struct Armed<W> {
 }
 
 impl<T: Send + 'static, W: Withdraw<T>> Enqueued<T, W> {
-    /// Spawns `first` (on the current Tokio runtime) and arms the withdrawal.
+    /// Takes `first` (not polled until [`reply`](Self::reply)) and arms the withdrawal.
     ///
     /// # Panics
-    /// Outside a Tokio runtime.
+    /// When dropped armed outside a Tokio runtime (the withdrawal is spawned).
     pub fn spawn(
         withdrawals: &Arc<Withdrawals>,
         name: &LockName,
@@ -81,7 +85,7 @@ impl<T: Send + 'static, W: Withdraw<T>> Enqueued<T, W> {
         withdraw: W,
     ) -> Self {
         Enqueued {
-            first: Some(tokio::spawn(first)),
+            first: Some(Box::pin(first)),
             reply: None,
             armed: Some(Armed {
                 withdraw,
@@ -94,19 +98,16 @@ impl<T: Send + 'static, W: Withdraw<T>> Enqueued<T, W> {
     /// The first request's reply, once it has finished (the same reply on every call).
     ///
     /// # Errors
-    /// The first request's error (the entry is then withdrawn when this is dropped), or an
-    /// internal error if its task panicked.
+    /// The first request's error (the entry is then withdrawn when this is dropped).
     ///
     /// # Cancel safety
-    /// Cancel-safe: the request goes on in its task, and a later call (or the withdrawal)
-    /// waits for it.
+    /// Cancel-safe: the request is kept where it was, and a later call (or the withdrawal,
+    /// which runs it to its end) goes on with it.
     pub async fn reply(&mut self) -> Result<&T> {
-        if let Some(task) = self.first.as_mut() {
-            let out = task.await.map_err(|e| {
-                Error::internal(W::BACKEND, format!("the first request's task failed: {e}"))
-            });
+        if let Some(first) = self.first.as_mut() {
+            let out = first.as_mut().await;
             self.first = None;
-            self.reply = Some(out??);
+            self.reply = Some(out?);
         }
         self.reply.as_ref().ok_or_else(|| {
             Error::internal(W::BACKEND, "the first request's reply was already taken")
@@ -148,7 +149,7 @@ impl<T: Send + 'static, W: Withdraw<T>> Enqueued<T, W> {
         let (first, reply) = (self.first.take(), self.reply.take());
         spawn_detached(W::BACKEND, "withdraw a cancelled acquire", async move {
             let reply = match first {
-                Some(task) => task.await.ok().and_then(Result::ok),
+                Some(first) => first.await.ok(),
                 None => reply,
             };
             let mut backoff = Backoff::new();
@@ -317,5 +318,49 @@ mod tests {
         drop(w);
         tokio::time::sleep(Duration::from_secs(5)).await;
         assert!(log.calls.lock().unwrap().is_empty());
+    }
+
+    /// The request runs inline while `reply` is awaited: a `reply` cut short keeps it where it
+    /// was, a later `reply` finishes it, and a drop with it half-done finishes it in the
+    /// withdrawal (which then sees its reply), sent once in all.
+    #[tokio::test(start_paused = true)]
+    async fn a_half_done_request_is_finished_by_the_next_reply_or_by_the_withdrawal() {
+        let (log, withdrawals) = (Log::default(), Arc::new(Withdrawals::default()));
+        let name = LockName::new("job").unwrap();
+        let sent = Arc::new(AtomicUsize::new(0));
+        let request = |sent: Arc<AtomicUsize>| async move {
+            sent.fetch_add(1, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            Ok(7u64)
+        };
+
+        let mut pending =
+            Enqueued::spawn(&withdrawals, &name, request(Arc::clone(&sent)), undo(&log));
+        let cut = tokio::time::timeout(Duration::from_millis(400), pending.reply()).await;
+        assert!(cut.is_err(), "the request takes a second");
+        assert_eq!(*pending.reply().await.unwrap(), 7);
+        let (_w, _) = pending.disarm();
+        assert_eq!(sent.load(Ordering::SeqCst), 1);
+
+        let start = Instant::now();
+        let mut pending =
+            Enqueued::spawn(&withdrawals, &name, request(Arc::clone(&sent)), undo(&log));
+        let cut = tokio::time::timeout(Duration::from_millis(400), pending.reply()).await;
+        assert!(cut.is_err());
+        drop(pending);
+        withdrawals.settled(&name, Duration::from_secs(60)).await;
+        assert_eq!(
+            start.elapsed(),
+            Duration::from_secs(1),
+            "withdrawn once the request ended"
+        );
+        let calls = log.calls.lock().unwrap().clone();
+        assert_eq!(calls.len(), 1);
+        assert_eq!(
+            calls[0].1,
+            Some(7),
+            "the withdrawal is given the request's reply"
+        );
+        assert_eq!(sent.load(Ordering::SeqCst), 2, "each request sent once");
     }
 }
