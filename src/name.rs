@@ -1,6 +1,7 @@
 //! Validated lock names and fenced-state keys.
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::{Error, Result};
 
@@ -53,7 +54,8 @@ fn validate(name: &str) -> Result<()> {
 /// assert!(LockName::new("..").is_err());
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct LockName(String);
+// Shared, not copied: a name is cloned into every guard, request and per-name turn.
+pub struct LockName(Arc<str>);
 
 impl LockName {
     /// Validates a name.
@@ -63,7 +65,7 @@ impl LockName {
     pub fn new(name: impl Into<String>) -> Result<Self> {
         let name = name.into();
         validate(&name)?;
-        Ok(LockName(name))
+        Ok(LockName(Arc::from(name)))
     }
 
     /// The name as a string.

@@ -9,7 +9,8 @@
 //! | [`LeaseClock`] | the local deadline: send time of the last successful renewal + TTL − margin |
 //! | [`keep_renewed`] + [`Renew`] | renewals at TTL/3, each one feeding the clock from its *send* time; retries after a failure; loses the clock when the store refuses |
 //! | [`SessionSlot`] | one live session per backend instance, opened lazily, replaced after a loss |
-//! | [`Enqueued`] + [`Withdraw`] | a cancelled, timed-out or failed acquire leaves nothing behind: its first request runs to the end in a task of its own, then the entry is withdrawn, retried with backoff until the store answers while the session lives |
+//! | [`Enqueued`] + [`Withdraw`] | a cancelled, timed-out or failed acquire leaves nothing behind: its first request runs to the end (in the withdrawal's task if the acquire is dropped), then the entry is withdrawn, retried with backoff until the store answers while the session lives |
+//! | [`LocalTurns`] | the tasks of one session take turns per name, FIFO, so a contended name costs the store one entry per instance |
 //! | [`Withdrawals`] | a new acquire of the same name by the same instance waits for those withdrawals |
 //! | [`keep_retrying`] | the background re-delete of a dropped guard, with the same rules |
 //! | [`Grant`] | the one way to build a [`LockGuard`](crate::LockGuard) |
@@ -37,6 +38,7 @@ mod observe;
 mod renew;
 mod retry;
 mod slot;
+mod turns;
 
 use std::time::Duration;
 
@@ -50,6 +52,7 @@ pub use observe::{observe_leader, watch_queue, Watched};
 pub use renew::{keep_renewed, Renew, Renewal};
 pub use retry::{keep_retrying, spawn_detached, Backoff, Budget};
 pub use slot::{Live, SessionSlot};
+pub use turns::LocalTurns;
 
 use crate::{Error, Result};
 

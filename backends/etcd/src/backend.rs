@@ -170,19 +170,12 @@ impl EtcdBackend {
         let turn = match entry {
             // Its key is unique to the attempt: readers of one instance share the lock.
             Entry::Rw(_) => None,
-            Entry::Lock | Entry::Candidate(_) => {
-                let queue = session.local_queue(name);
-                Some(if try_once {
-                    queue
-                        .try_lock_owned()
-                        .map_err(|_| Error::would_block(name))?
-                } else {
-                    session
-                        .local_turn(queue)
-                        .await
-                        .ok_or_else(|| Error::lost(name))?
-                })
-            }
+            Entry::Lock | Entry::Candidate(_) => Some(
+                session
+                    .turns
+                    .take(name, try_once, session.clock.lost_token())
+                    .await?,
+            ),
         };
         let at = at(session.lease);
         let (value, unique) = match entry {
@@ -601,7 +594,11 @@ mod tests {
         let (_cluster, backend) = single_node_backend().await;
         let name = LockName::new("job").unwrap();
         let session = backend.session().await.unwrap();
-        let turn = session.local_queue(&name).lock_owned().await;
+        let turn = session
+            .turns
+            .take(&name, false, session.clock.lost_token())
+            .await
+            .unwrap();
         let withdrawal = session.withdrawals.begin(&name);
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(300)).await;

@@ -4,14 +4,12 @@
 //! conservative deadline are [`fencelock::raw::keep_renewed`]'s; the request, and the reopening
 //! of a broken stream, are [`KeepAlive`]'s.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{Client, LeaseKeepAliveStream, LeaseKeeper};
-use fencelock::raw::{keep_renewed, LeaseClock, Live, Renew, Renewal, Withdrawals};
-use fencelock::{Error, LockName, Result};
-use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
+use fencelock::raw::{keep_renewed, LeaseClock, Live, LocalTurns, Renew, Renewal, Withdrawals};
+use fencelock::{Error, Result};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -30,7 +28,7 @@ pub(crate) struct Session {
     watcher: JoinHandle<()>,
     /// All contenders of one session share one key per lock (the key is named after the lease),
     /// so tasks of this session take turns per lock name here before touching etcd.
-    local: Mutex<HashMap<LockName, Weak<AsyncMutex<()>>>>,
+    pub(crate) turns: LocalTurns,
     /// Cancelled acquires of this session still being withdrawn.
     pub(crate) withdrawals: Arc<Withdrawals>,
 }
@@ -80,32 +78,9 @@ impl Session {
             keep_alive,
             held_keys,
             watcher,
-            local: Mutex::new(HashMap::new()),
+            turns: LocalTurns::default(),
             withdrawals: Arc::default(),
         }))
-    }
-
-    /// The per-name turn of this session (FIFO among its tasks).
-    pub(crate) fn local_queue(&self, name: &LockName) -> Arc<AsyncMutex<()>> {
-        let mut local = self.local.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(queue) = local.get(name).and_then(Weak::upgrade) {
-            return queue;
-        }
-        local.retain(|_, q| q.strong_count() > 0);
-        let queue = Arc::new(AsyncMutex::new(()));
-        local.insert(name.clone(), Arc::downgrade(&queue));
-        queue
-    }
-
-    /// Waits for this session's turn on `name`; `None` if the session ends first.
-    pub(crate) async fn local_turn(
-        &self,
-        queue: Arc<AsyncMutex<()>>,
-    ) -> Option<OwnedMutexGuard<()>> {
-        tokio::select! {
-            turn = queue.lock_owned() => Some(turn),
-            () = self.clock.lost_token().cancelled() => None,
-        }
     }
 }
 

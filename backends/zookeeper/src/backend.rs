@@ -11,6 +11,7 @@ use fencelock::{
     Result, StateKey, Wait,
 };
 use futures::stream::BoxStream;
+use tokio::sync::OwnedMutexGuard;
 use zookeeper_client::{Acls, CreateMode, MultiReadResult};
 
 use crate::election::Elections;
@@ -63,6 +64,15 @@ impl std::fmt::Debug for ZkBackend {
     }
 }
 
+/// The ACLs of every node we create: only our digest identity when there is one.
+pub(crate) fn acls(config: &ZkConfig) -> Acls<'static> {
+    if config.digest.is_some() {
+        Acls::creator_all()
+    } else {
+        Acls::anyone_all()
+    }
+}
+
 impl ZkBackend {
     /// Opens a session and makes sure the base path exists.
     ///
@@ -75,11 +85,7 @@ impl ZkBackend {
     /// Cancel-safe: at most the base path is created.
     pub async fn connect(config: ZkConfig) -> Result<Self> {
         config.validate()?;
-        let acls = if config.digest.is_some() {
-            Acls::creator_all()
-        } else {
-            Acls::anyone_all()
-        };
+        let acls = acls(&config);
         let backend = ZkBackend {
             owner: config.owner.encode(),
             paths: Paths::new(&config.base_path),
@@ -159,6 +165,18 @@ impl ZkBackend {
         let session = self.session().await?;
         let limit = self.config.request_timeout;
         session.withdrawals.settled(name, limit).await;
+        // A lock's tasks of this instance take turns before queueing a node (one node per
+        // instance, as etcd's one key): a name contended by K tasks of a process is listed
+        // with one node of it, not K. Candidates keep a node each, as Curator's latches do.
+        let turn = match entry {
+            Entry::Lock => Some(
+                session
+                    .turns
+                    .take(name, try_once, session.clock.lost_token())
+                    .await?,
+            ),
+            Entry::Candidate(_) | Entry::Rw(_) => None,
+        };
         let id = uuid::Uuid::new_v4().to_string();
         let create = {
             let (client, paths, name, id, data, acls) = (
@@ -180,6 +198,7 @@ impl ZkBackend {
             id,
             recipe,
             limit,
+            turn,
         };
         let mut pending = Enqueued::spawn(&session.withdrawals, name, create, unqueue);
         let node = pending.reply().await?;
@@ -196,11 +215,11 @@ impl ZkBackend {
             limit,
         )
         .await?;
-        let (_, Some(node)) = pending.disarm() else {
+        let (Some(unqueue), Some(node)) = pending.disarm() else {
             return Err(Error::internal(KIND, "a granted acquire lost its node"));
         };
         tracing::info!(lock = %name, path = %node.path, czxid = node.czxid, "zookeeper: acquired");
-        Ok(self.guard_for(name, node, checkpoint, &session))
+        Ok(self.guard_for(name, (node, unqueue.turn), checkpoint, &session))
     }
 
     /// The guard of a granted node: its czxid is the token; a watch on it fires `lost` when it
@@ -208,24 +227,21 @@ impl ZkBackend {
     fn guard_for(
         &self,
         name: &LockName,
-        node: mutex::Node,
+        (node, turn): (mutex::Node, Option<OwnedMutexGuard<()>>),
         checkpoint: Option<Vec<u8>>,
         session: &Arc<ZkSession>,
     ) -> LockGuard {
-        let limit = self.config.request_timeout;
         let token = FencingToken::new(node.czxid.unsigned_abs());
         // One copy of the path for the session's held map and its watcher.
         let path: Arc<str> = Arc::from(node.path);
         let own_version = Arc::new(AtomicI32::new(0));
         let held = ZkHeld {
             session: Arc::clone(session),
-            paths: self.paths.clone(),
             name: name.clone(),
             path: Arc::clone(&path),
             czxid: node.czxid,
-            acls: self.acls,
-            limit,
             own_version: Arc::clone(&own_version),
+            turn,
         };
         let (guard, trigger) = Grant {
             backend: KIND,
@@ -276,6 +292,7 @@ impl ZkBackend {
             id: id.clone(),
             recipe,
             limit,
+            turn: None,
         };
         let mut gate = Enqueued::spawn(
             &session.withdrawals,
@@ -331,7 +348,7 @@ impl ZkBackend {
             ));
         };
         tracing::info!(semaphore = %name, path = %node.path, czxid = node.czxid, "zookeeper: permit acquired");
-        Ok(self.guard_for(name, node, None, &session))
+        Ok(self.guard_for(name, (node, None), None, &session))
     }
 
     fn elections(&self) -> Elections<'_> {
@@ -516,6 +533,7 @@ mod tests {
             id: leftover,
             recipe: Recipe::Mutex,
             limit,
+            turn: None,
         };
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(300)).await;

@@ -8,10 +8,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use fencelock::raw::{keep_retrying, HeldLock};
 use fencelock::{Error, FencingToken, LockName, ReleaseOutcome, Result, StateKey};
-use zookeeper_client::{Acls, CheckWriteError, CreateMode, MultiReadResult};
+use tokio::sync::OwnedMutexGuard;
+use zookeeper_client::{CheckWriteError, CreateMode, MultiReadResult};
 
 use crate::mutex::delete_node;
-use crate::paths::Paths;
 use crate::session::ZkSession;
 use crate::zk_error;
 
@@ -19,17 +19,19 @@ use crate::zk_error;
 /// created later sort after ours; the path carries our per-acquire uuid, so no other node can
 /// have it). A leader's proclaim changes the node's data, and so its version.
 pub(crate) struct ZkHeld {
+    /// Also where the lock's paths, ACLs and request limit are kept: one copy per instance,
+    /// not per held lock.
     pub(crate) session: Arc<ZkSession>,
-    pub(crate) paths: Paths,
     pub(crate) name: LockName,
     /// Our node's path, shared with the session's held map and its watcher.
     pub(crate) path: Arc<str>,
     /// Our node's czxid: the token, and what tells our node from a later one at its path.
     pub(crate) czxid: i64,
-    pub(crate) acls: Acls<'static>,
-    pub(crate) limit: Duration,
     /// The version our own writes give the node (see `own_nodes`).
     pub(crate) own_version: Arc<AtomicI32>,
+    /// This instance's turn on a lock's name (`LocalTurns`), held until the node is deleted
+    /// (or its delete handed to `keep_deleting`). `None` for other recipes.
+    pub(crate) turn: Option<OwnedMutexGuard<()>>,
 }
 
 impl std::fmt::Debug for ZkHeld {
@@ -61,13 +63,15 @@ impl ZkHeld {
             .map_err(|e| zk_error("fenced write", e))?;
         let added = match write {
             Write::Set(value) => writer.add_set_data(path, value, None),
-            Write::Create(value) => {
-                writer.add_create(path, value, &CreateMode::Persistent.with_acls(self.acls))
-            }
+            Write::Create(value) => writer.add_create(
+                path,
+                value,
+                &CreateMode::Persistent.with_acls(self.session.acls),
+            ),
             Write::Delete => writer.add_delete(path, None),
         };
         added.map_err(|e| zk_error("fenced write", e))?;
-        match tokio::time::timeout(self.limit, writer.commit()).await {
+        match tokio::time::timeout(self.session.limit, writer.commit()).await {
             Ok(Ok(_)) => Ok(true),
             Ok(Err(CheckWriteError::CheckFailed { .. })) => Err(self.refused()),
             Ok(Err(CheckWriteError::OperationFailed {
@@ -75,7 +79,11 @@ impl ZkHeld {
                 ..
             })) => Ok(false),
             Ok(Err(e)) => Err(zk_error("fenced write", e.into())),
-            Err(_) => Err(Error::timed_out(crate::KIND, "fenced write", self.limit)),
+            Err(_) => Err(Error::timed_out(
+                crate::KIND,
+                "fenced write",
+                self.session.limit,
+            )),
         }
     }
 }
@@ -84,11 +92,21 @@ impl ZkHeld {
 impl HeldLock for ZkHeld {
     async fn release(&self) -> Result<ReleaseOutcome> {
         self.session.unregister(&self.path);
-        let released = delete_node(&self.session.client, &self.path, self.limit, self.limit).await;
+        let released = delete_node(
+            &self.session.client,
+            &self.path,
+            self.session.limit,
+            self.session.limit,
+        )
+        .await;
         let released = match released {
             Ok(released) => released,
             Err(e) => {
-                keep_deleting(Arc::clone(&self.session), self.path.to_string(), self.limit);
+                keep_deleting(
+                    Arc::clone(&self.session),
+                    self.path.to_string(),
+                    self.session.limit,
+                );
                 return Err(e);
             }
         };
@@ -101,24 +119,24 @@ impl HeldLock for ZkHeld {
     }
 
     async fn put_state(&self, key: &StateKey, value: &[u8]) -> Result<()> {
-        let path = self.paths.state(&self.name, key);
+        let path = self.session.paths.state(&self.name, key);
         // Set if it exists, else create; a concurrent create/delete (only by a stale holder,
         // whose check fails) costs one more pass.
         for _ in 0..3 {
             if self.checked(&path, Write::Set(value)).await? {
                 return Ok(());
             }
-            let dir = self.paths.state_dir(&self.name);
-            let options = CreateMode::Persistent.with_acls(self.acls);
+            let dir = self.session.paths.state_dir(&self.name);
+            let options = CreateMode::Persistent.with_acls(self.session.acls);
             let mkdir = self.session.client.mkdir(&dir, &options);
-            match tokio::time::timeout(self.limit, mkdir).await {
+            match tokio::time::timeout(self.session.limit, mkdir).await {
                 Ok(Ok(()) | Err(zookeeper_client::Error::NodeExists)) => {}
                 Ok(Err(e)) => return Err(zk_error("create the state folder", e)),
                 Err(_) => {
                     return Err(Error::timed_out(
                         crate::KIND,
                         "create the state folder",
-                        self.limit,
+                        self.session.limit,
                     ))
                 }
             }
@@ -133,7 +151,7 @@ impl HeldLock for ZkHeld {
     }
 
     async fn get_state(&self, key: &StateKey) -> Result<Option<Vec<u8>>> {
-        let path = self.paths.state(&self.name, key);
+        let path = self.session.paths.state(&self.name, key);
         let mut reader = self.session.client.new_multi_reader();
         reader
             .add_get_data(&self.path)
@@ -141,10 +159,16 @@ impl HeldLock for ZkHeld {
         reader
             .add_get_data(&path)
             .map_err(|e| zk_error("fenced get", e))?;
-        let results = match tokio::time::timeout(self.limit, reader.commit()).await {
+        let results = match tokio::time::timeout(self.session.limit, reader.commit()).await {
             Ok(Ok(results)) => results,
             Ok(Err(e)) => return Err(zk_error("fenced get", e)),
-            Err(_) => return Err(Error::timed_out(crate::KIND, "fenced get", self.limit)),
+            Err(_) => {
+                return Err(Error::timed_out(
+                    crate::KIND,
+                    "fenced get",
+                    self.session.limit,
+                ))
+            }
         };
         // Both reads are one snapshot: our node existed when the value was read.
         let mut results = results.into_iter();
@@ -158,14 +182,16 @@ impl HeldLock for ZkHeld {
     }
 
     async fn delete_state(&self, key: &StateKey) -> Result<bool> {
-        let path = self.paths.state(&self.name, key);
+        let path = self.session.paths.state(&self.name, key);
         let deleted = self.checked(&path, Write::Delete).await?;
         if deleted {
             // Housekeeping (review F13): the lock's state folder goes with its last key. Only
             // an empty folder is deleted (no version: any other key makes it NotEmpty), and a
             // holder putting state meanwhile creates it again.
-            let dir = self.paths.state_dir(&self.name);
-            match tokio::time::timeout(self.limit, self.session.client.delete(&dir, None)).await {
+            let dir = self.session.paths.state_dir(&self.name);
+            match tokio::time::timeout(self.session.limit, self.session.client.delete(&dir, None))
+                .await
+            {
                 Ok(
                     Ok(())
                     | Err(zookeeper_client::Error::NotEmpty | zookeeper_client::Error::NoNode),
@@ -185,7 +211,7 @@ impl HeldLock for ZkHeld {
         // Before the write: its watch event may come before its reply.
         self.own_version.store(current + 1, Ordering::SeqCst);
         let set = tokio::time::timeout(
-            self.limit,
+            self.session.limit,
             client.set_data(&self.path, value, Some(current)),
         )
         .await;
@@ -204,7 +230,7 @@ impl HeldLock for ZkHeld {
                 }
                 Err(match outcome {
                     Ok(Err(e)) => zk_error("proclaim", e),
-                    _ => Error::timed_out(crate::KIND, "proclaim", self.limit),
+                    _ => Error::timed_out(crate::KIND, "proclaim", self.session.limit),
                 })
             }
         }
@@ -214,7 +240,12 @@ impl HeldLock for ZkHeld {
         self.session.unregister(&self.path);
         // A withdrawal until the first delete ends (review F12); a failed delete goes on in
         // `keep_deleting`.
-        let (session, path, limit) = (Arc::clone(&self.session), self.path.to_string(), self.limit);
+        let (session, path, limit) = (
+            Arc::clone(&self.session),
+            self.path.to_string(),
+            self.session.limit,
+        );
+        let turn = self.turn;
         self.session
             .withdrawals
             .release_in_background(crate::KIND, &self.name, async move {
@@ -224,6 +255,7 @@ impl HeldLock for ZkHeld {
                 {
                     keep_deleting(session, path, limit);
                 }
+                drop(turn);
             });
     }
 }

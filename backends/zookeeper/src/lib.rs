@@ -19,6 +19,11 @@
 //! The lock `N` under base `B` (default `/fencelock`) is Curator's lock path `B/N`: Java's
 //! `new InterProcessMutex(client, "B/N")` and fencelock exclude each other.
 //!
+//! Tasks of one backend instance that want the same lock take turns locally first (FIFO, as
+//! etcd's backend must), so an instance has at most one node in a lock's queue: a name that K
+//! tasks of a process contend for is listed with one node of it, not K, and passes between
+//! them without a round trip. Across instances the queue is ZooKeeper's, in create order.
+//!
 //! The election `N` is Curator's `LeaderLatch` path `B/N` (nodes `_c_<uuid>-latch-<seq>`, the
 //! data the participant id): `new LeaderLatch(client, "B/N", id)` and fencelock candidates lead
 //! in turn and see each other's ids. A leader's term is its node's czxid; a proclaim sets its

@@ -383,6 +383,9 @@ pub(crate) struct Unqueue {
     pub(crate) id: String,
     pub(crate) recipe: Recipe,
     pub(crate) limit: Duration,
+    /// A lock's per-name turn (`LocalTurns`): kept until the node is withdrawn, or handed on
+    /// to the guard.
+    pub(crate) turn: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 
 impl Withdraw<Node> for Unqueue {

@@ -10,15 +10,16 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use fencelock::raw::{keep_renewed, LeaseClock, Live, Renew, Renewal, Withdrawals};
+use fencelock::raw::{keep_renewed, LeaseClock, Live, LocalTurns, Renew, Renewal, Withdrawals};
 use fencelock::{Error, Result};
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use zookeeper_client::{Client, SessionState};
+use zookeeper_client::{Acls, Client, SessionState};
 
 use crate::own_nodes::{watch_own_nodes, OwnNode};
+use crate::paths::Paths;
 use crate::{zk_error, ZkConfig};
 
 pub(crate) struct ZkSession {
@@ -31,8 +32,14 @@ pub(crate) struct ZkSession {
     own_nodes: mpsc::UnboundedSender<OwnNode>,
     /// Cancelled acquires of this session still being withdrawn.
     pub(crate) withdrawals: Arc<Withdrawals>,
-    /// The request timeout, for the deletes after a loss.
-    limit: Duration,
+    /// The per-name turns of this session's tasks on a lock.
+    pub(crate) turns: LocalTurns,
+    /// The request timeout (for the deletes after a loss, and a held lock's requests).
+    pub(crate) limit: Duration,
+    /// Where the instance's locks live, and the ACLs of the nodes it creates: here, not in
+    /// each held lock.
+    pub(crate) paths: Paths,
+    pub(crate) acls: Acls<'static>,
     /// The session timeout the deadline counts with (the one granted at connect).
     timeout: Duration,
 }
@@ -101,7 +108,10 @@ impl ZkSession {
             tasks: Mutex::new(vec![watcher]),
             own_nodes,
             withdrawals: Arc::default(),
+            turns: LocalTurns::default(),
             limit: config.request_timeout,
+            paths: Paths::new(&config.base_path),
+            acls: crate::backend::acls(config),
             timeout,
         });
         let probe = tokio::spawn(keep_renewed(
