@@ -114,7 +114,9 @@ pub enum ReleaseOutcome {
 ///    session per instance in a [`raw::SessionSlot`](crate::raw::SessionSlot);
 /// 4. honour [`Wait`]: `Try` makes one attempt and fails with [`Error::WouldBlock`]; `Timeout`
 ///    fails with [`Error::Timeout`] ([`Wait::limit`] does this); waiters are granted in arrival
-///    order and each waits only for its predecessor;
+///    order and each waits only for its predecessor (the tasks of one instance may first take
+///    turns among themselves, [`raw::LocalTurns`](crate::raw::LocalTurns), so that across
+///    instances the order is the one in which each instance's turn reaches the store);
 /// 5. be cancel-safe: if the acquire future is dropped at any await point, or its request
 ///    fails, whatever it wrote to the store is removed: run the first request in a
 ///    [`raw::Enqueued`](crate::raw::Enqueued), which withdraws it after it has landed and

@@ -2,9 +2,11 @@
 //! end in a guard.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 
+use futures::FutureExt;
 use tokio::task::JoinHandle;
 
 use crate::raw::{spawn_detached, Backoff, Withdrawals};
@@ -76,8 +78,9 @@ struct Armed<W> {
 impl<T: Send + 'static, W: Withdraw<T>> Enqueued<T, W> {
     /// Takes `first` (not polled until [`reply`](Self::reply)) and arms the withdrawal.
     ///
-    /// # Panics
-    /// When dropped armed outside a Tokio runtime (the withdrawal is spawned).
+    /// The withdrawal is spawned on the current Tokio runtime when this is dropped armed;
+    /// outside a runtime it cannot run, is logged as a warning, and the entry is left to the
+    /// session's end.
     pub fn spawn(
         withdrawals: &Arc<Withdrawals>,
         name: &LockName,
@@ -105,8 +108,11 @@ impl<T: Send + 'static, W: Withdraw<T>> Enqueued<T, W> {
     /// which runs it to its end) goes on with it.
     pub async fn reply(&mut self) -> Result<&T> {
         if let Some(first) = self.first.as_mut() {
-            let out = first.as_mut().await;
+            // A panic in the request is an error here, as it was when the request ran in a task
+            // of its own; and the panicked future is not kept, so no one polls it again.
+            let out = AssertUnwindSafe(first.as_mut()).catch_unwind().await;
             self.first = None;
+            let out = out.map_err(|_| Error::internal(W::BACKEND, "the first request panicked"))?;
             self.reply = Some(out?);
         }
         self.reply.as_ref().ok_or_else(|| {
@@ -149,7 +155,11 @@ impl<T: Send + 'static, W: Withdraw<T>> Enqueued<T, W> {
         let (first, reply) = (self.first.take(), self.reply.take());
         spawn_detached(W::BACKEND, "withdraw a cancelled acquire", async move {
             let reply = match first {
-                Some(first) => first.await.ok(),
+                Some(first) => AssertUnwindSafe(first)
+                    .catch_unwind()
+                    .await
+                    .ok()
+                    .and_then(Result::ok),
                 None => reply,
             };
             let mut backoff = Backoff::new();
@@ -362,5 +372,28 @@ mod tests {
             "the withdrawal is given the request's reply"
         );
         assert_eq!(sent.load(Ordering::SeqCst), 2, "each request sent once");
+    }
+
+    /// A first request that panics is an error of `reply`, and the withdrawal still runs (with
+    /// no reply), without polling the panicked request again.
+    #[tokio::test(start_paused = true)]
+    async fn a_panicking_request_is_an_error_and_still_withdrawn() {
+        let (log, withdrawals) = (Log::default(), Arc::new(Withdrawals::default()));
+        let name = LockName::new("job").unwrap();
+        let first = async {
+            tokio::task::yield_now().await;
+            if u64::from(std::hint::black_box(true)) == 1 {
+                panic!("a bug in the request");
+            }
+            Ok(1u64)
+        };
+        let mut pending = Enqueued::spawn(&withdrawals, &name, first, undo(&log));
+        let err = pending.reply().await.err().unwrap();
+        assert!(err.to_string().contains("panicked"), "{err}");
+        drop(pending);
+        withdrawals.settled(&name, Duration::from_secs(60)).await;
+        let calls = log.calls.lock().unwrap().clone();
+        assert_eq!(calls.len(), 1, "withdrawn once");
+        assert_eq!(calls[0].1, None);
     }
 }

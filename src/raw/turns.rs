@@ -10,7 +10,8 @@ use crate::{Error, LockName, Result};
 
 /// Per-name turns among the tasks of one session, FIFO: only the task whose turn it is has an
 /// entry in the store's queue, so K tasks of one process contending for a name cost the store
-/// one entry, and the lock passes between them without a round trip. etcd needs it (a
+/// one entry, and a handover between them wakes and lists no other waiter (it costs the next
+/// task one acquire's requests). etcd needs it (a
 /// session's key for a name is one key); ZooKeeper uses it so that a contended name is listed
 /// with one node per instance, not per task.
 ///

@@ -241,7 +241,6 @@ impl ZkBackend {
             path: Arc::clone(&path),
             czxid: node.czxid,
             own_version: Arc::clone(&own_version),
-            turn,
         };
         let (guard, trigger) = Grant {
             backend: KIND,
@@ -256,6 +255,7 @@ impl ZkBackend {
             path,
             own_version,
             trigger,
+            _turn: turn,
         });
         guard
     }

@@ -8,7 +8,6 @@ use std::time::Duration;
 use async_trait::async_trait;
 use fencelock::raw::{keep_retrying, HeldLock};
 use fencelock::{Error, FencingToken, LockName, ReleaseOutcome, Result, StateKey};
-use tokio::sync::OwnedMutexGuard;
 use zookeeper_client::{CheckWriteError, CreateMode, MultiReadResult};
 
 use crate::mutex::delete_node;
@@ -29,9 +28,6 @@ pub(crate) struct ZkHeld {
     pub(crate) czxid: i64,
     /// The version our own writes give the node (see `own_nodes`).
     pub(crate) own_version: Arc<AtomicI32>,
-    /// This instance's turn on a lock's name (`LocalTurns`), held until the node is deleted
-    /// (or its delete handed to `keep_deleting`). `None` for other recipes.
-    pub(crate) turn: Option<OwnedMutexGuard<()>>,
 }
 
 impl std::fmt::Debug for ZkHeld {
@@ -245,7 +241,6 @@ impl HeldLock for ZkHeld {
             self.path.to_string(),
             self.session.limit,
         );
-        let turn = self.turn;
         self.session
             .withdrawals
             .release_in_background(crate::KIND, &self.name, async move {
@@ -255,7 +250,6 @@ impl HeldLock for ZkHeld {
                 {
                     keep_deleting(session, path, limit);
                 }
-                drop(turn);
             });
     }
 }

@@ -20,9 +20,12 @@
 //! `new InterProcessMutex(client, "B/N")` and fencelock exclude each other.
 //!
 //! Tasks of one backend instance that want the same lock take turns locally first (FIFO, as
-//! etcd's backend must), so an instance has at most one node in a lock's queue: a name that K
-//! tasks of a process contend for is listed with one node of it, not K, and passes between
-//! them without a round trip. Across instances the queue is ZooKeeper's, in create order.
+//! etcd's backend must), so an instance normally has one node in a lock's queue: a name that K
+//! tasks of a process contend for is listed with one node of it, not K, and a handover between
+//! them costs the next task one acquire's requests, waking and listing no other waiter. The
+//! turn ends with the node (our release's delete, or an operator's), so after a lock is broken
+//! the next task of the instance proceeds while the lost guard lives. Across instances the
+//! queue is ZooKeeper's, in create order.
 //!
 //! The election `N` is Curator's `LeaderLatch` path `B/N` (nodes `_c_<uuid>-latch-<seq>`, the
 //! data the participant id): `new LeaderLatch(client, "B/N", id)` and fencelock candidates lead

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use futures::{Future, FutureExt};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedMutexGuard};
 use tokio_util::sync::CancellationToken;
 use zookeeper_client::{Client, EventType, OneshotWatcher};
 
@@ -17,6 +17,12 @@ pub(crate) struct OwnNode {
     pub(crate) own_version: Arc<AtomicI32>,
     /// Fires the guard's `lost`.
     pub(crate) trigger: CancellationToken,
+    /// A lock's per-name turn (`LocalTurns`), kept here, not in the guard, so that it ends when
+    /// the node does (our release's delete, or an operator's), not when the guard is dropped:
+    /// after `fencelock break` the next task of this instance is granted while the lost guard
+    /// lives. Ending it early is safe: mutual exclusion is the ZooKeeper queue's; the turn only
+    /// keeps this instance's tasks from each queueing a node.
+    pub(crate) _turn: Option<OwnedMutexGuard<()>>,
 }
 
 /// Fires a node's `trigger` as soon as the node is deleted or its data changed by someone else

@@ -225,6 +225,42 @@ async fn a_node_deleted_behind_our_back_fires_lost_at_once() {
     assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::NotOwned);
 }
 
+/// The instance's per-name turn ends with its node: once an operator has deleted the holder's
+/// node (`fencelock break`, a stuck holder), another task of the same instance is granted at
+/// once, while the lost guard is still alive (review of stop 33: the turn was kept by the
+/// guard, so that task waited for the lost guard to be dropped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_lock_is_granted_to_the_next_task_of_the_same_instance() {
+    let factory = common::ZkFactory::on(common::shared_standalone()).await;
+    let backend = factory.backend().await;
+    let stuck = backend.lock("broken").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await; // the watch is set after the grant
+    let admin = zookeeper_client::Client::connect(&factory.connect)
+        .await
+        .unwrap();
+    let dir = format!("{}/broken", factory.base);
+    let children = admin.list_children(&dir).await.unwrap();
+    assert_eq!(children.len(), 1, "{children:?}");
+    admin
+        .delete(&format!("{dir}/{}", children[0]), None)
+        .await
+        .unwrap();
+    tokio::time::timeout(common::TIMEOUT, stuck.lost())
+        .await
+        .expect("lost fires");
+    let next = tokio::time::timeout(Duration::from_secs(5), backend.lock("broken"))
+        .await
+        .expect("the next task of the instance is granted while the lost guard lives")
+        .unwrap();
+    assert!(next.token() > stuck.token());
+    assert_eq!(stuck.release().await.unwrap(), ReleaseOutcome::NotOwned);
+    assert!(
+        next.is_held(),
+        "the lost guard's release leaves the new grant alone"
+    );
+    assert_eq!(next.release().await.unwrap(), ReleaseOutcome::Released);
+}
+
 /// One task watches every node of a session: a node deleted behind our back fires the `lost`
 /// of its own guard only, the session's other watches go on (each fires for its own node
 /// later), and a released guard's watch ends without firing.
