@@ -192,6 +192,24 @@ async fn a_holder_on_a_cut_off_follower_is_lost_before_the_leader_hands_the_lock
     let _ = next.release().await;
 }
 
+/// As an operator would (`zkCli.sh delete`): deletes the one node of lock `name`, once the
+/// holder's watch on it is set; when it was deleted.
+async fn delete_the_only_node(factory: &common::ZkFactory, name: &str) -> Instant {
+    tokio::time::sleep(Duration::from_millis(200)).await; // the watch is set after the grant
+    let admin = zookeeper_client::Client::connect(&factory.connect)
+        .await
+        .unwrap();
+    let dir = format!("{}/{name}", factory.base);
+    let children = admin.list_children(&dir).await.unwrap();
+    assert_eq!(children.len(), 1, "{children:?}");
+    let deleted_at = Instant::now();
+    admin
+        .delete(&format!("{dir}/{}", children[0]), None)
+        .await
+        .unwrap();
+    deleted_at
+}
+
 /// Issue 14.4 (review F10): an operator deletes the holder's node (`zkCli.sh delete`): `lost`
 /// fires within about a round trip, long before the session could end. Before, nothing noticed
 /// until the session itself ended or a fenced operation was refused.
@@ -200,18 +218,7 @@ async fn a_node_deleted_behind_our_back_fires_lost_at_once() {
     let factory = common::ZkFactory::on(common::shared_standalone()).await;
     let backend = factory.backend().await;
     let guard = backend.lock("job").await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await; // the watch is set after the grant
-    let admin = zookeeper_client::Client::connect(&factory.connect)
-        .await
-        .unwrap();
-    let dir = format!("{}/job", factory.base);
-    let children = admin.list_children(&dir).await.unwrap();
-    assert_eq!(children.len(), 1, "{children:?}");
-    let deleted_at = Instant::now();
-    admin
-        .delete(&format!("{dir}/{}", children[0]), None)
-        .await
-        .unwrap();
+    let deleted_at = delete_the_only_node(&factory, "job").await;
     tokio::time::timeout(common::TIMEOUT, guard.lost())
         .await
         .expect("lost must fire well within the session timeout");
@@ -234,17 +241,7 @@ async fn a_broken_lock_is_granted_to_the_next_task_of_the_same_instance() {
     let factory = common::ZkFactory::on(common::shared_standalone()).await;
     let backend = factory.backend().await;
     let stuck = backend.lock("broken").await.unwrap();
-    tokio::time::sleep(Duration::from_millis(200)).await; // the watch is set after the grant
-    let admin = zookeeper_client::Client::connect(&factory.connect)
-        .await
-        .unwrap();
-    let dir = format!("{}/broken", factory.base);
-    let children = admin.list_children(&dir).await.unwrap();
-    assert_eq!(children.len(), 1, "{children:?}");
-    admin
-        .delete(&format!("{dir}/{}", children[0]), None)
-        .await
-        .unwrap();
+    delete_the_only_node(&factory, "broken").await;
     tokio::time::timeout(common::TIMEOUT, stuck.lost())
         .await
         .expect("lost fires");
