@@ -34,8 +34,9 @@ pub trait Withdraw<T>: Send + 'static {
 /// The request runs in the acquire's own task while [`reply`](Self::reply) is awaited (a task
 /// of its own cost every acquire a spawn and a cross-task wake-up); if the acquire is dropped
 /// with the request in flight, the request goes on in the withdrawal's task. The undo waits
-/// for the first request to finish, so a write still in flight cannot land after it, then calls [`Withdraw::withdraw`] until the store answers (retried with
-/// [`Backoff`] while the session lives and the error is retryable). It is counted in
+/// for the first request to finish, so a write still in flight cannot land after it, then
+/// calls [`Withdraw::withdraw`] until the store answers (retried with [`Backoff`] while the
+/// session lives and the error is retryable). It is counted in
 /// [`Withdrawals`] from the moment the acquire is dropped until that answer, and `W` is dropped
 /// only then, so a per-name turn kept in `W` is held until the entry is gone.
 ///
@@ -55,7 +56,7 @@ pub trait Withdraw<T>: Send + 'static {
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<()> {
 /// let withdrawals = Arc::new(Withdrawals::default());
 /// let name = LockName::new("job")?;
-/// let mut pending = Enqueued::spawn(&withdrawals, &name, async { Ok(42u64) }, Undo);
+/// let mut pending = Enqueued::new(&withdrawals, &name, async { Ok(42u64) }, Undo);
 /// let position = *pending.reply().await?;
 /// // ... wait for the turn; any `?` from here on withdraws the entry ...
 /// let (_undo, _reply) = pending.disarm(); // granted: keep the entry
@@ -81,7 +82,7 @@ impl<T: Send + 'static, W: Withdraw<T>> Enqueued<T, W> {
     /// The withdrawal is spawned on the current Tokio runtime when this is dropped armed;
     /// outside a runtime it cannot run, is logged as a warning, and the entry is left to the
     /// session's end.
-    pub fn spawn(
+    pub fn new(
         withdrawals: &Arc<Withdrawals>,
         name: &LockName,
         first: impl Future<Output = Result<T>> + Send + 'static,
@@ -260,7 +261,7 @@ mod tests {
             tokio::time::sleep(Duration::from_secs(1)).await; // still in flight at the drop
             Ok(7u64)
         };
-        drop(Enqueued::spawn(&withdrawals, &name, first, undo(&log)));
+        drop(Enqueued::new(&withdrawals, &name, first, undo(&log)));
         // The withdrawal counts from the drop, before its task ran.
         let settled = tokio::time::timeout(
             Duration::from_millis(500),
@@ -282,7 +283,7 @@ mod tests {
         let name = LockName::new("job").unwrap();
         log.fail_first.store(3, Ordering::SeqCst);
         let first = async { Err::<u64, _>(Error::unavailable("test", "timed out", None)) };
-        let mut pending = Enqueued::spawn(&withdrawals, &name, first, undo(&log));
+        let mut pending = Enqueued::new(&withdrawals, &name, first, undo(&log));
         assert!(pending.reply().await.is_err());
         drop(pending);
         tokio::time::sleep(Duration::from_millis(250)).await;
@@ -308,7 +309,7 @@ mod tests {
         let (log, withdrawals) = (Log::default(), Arc::new(Withdrawals::default()));
         let name = LockName::new("job").unwrap();
         log.fail_first.store(usize::MAX, Ordering::SeqCst);
-        let pending = Enqueued::spawn(&withdrawals, &name, async { Ok(1u64) }, undo(&log));
+        let pending = Enqueued::new(&withdrawals, &name, async { Ok(1u64) }, undo(&log));
         drop(pending);
         tokio::time::sleep(Duration::from_millis(150)).await;
         log.alive.store(false, Ordering::SeqCst);
@@ -321,7 +322,7 @@ mod tests {
     async fn disarmed_it_withdraws_nothing() {
         let (log, withdrawals) = (Log::default(), Arc::new(Withdrawals::default()));
         let name = LockName::new("job").unwrap();
-        let mut pending = Enqueued::spawn(&withdrawals, &name, async { Ok(3u64) }, undo(&log));
+        let mut pending = Enqueued::new(&withdrawals, &name, async { Ok(3u64) }, undo(&log));
         assert_eq!(*pending.reply().await.unwrap(), 3);
         let (w, reply) = pending.disarm();
         assert_eq!(reply, Some(3));
@@ -345,7 +346,7 @@ mod tests {
         };
 
         let mut pending =
-            Enqueued::spawn(&withdrawals, &name, request(Arc::clone(&sent)), undo(&log));
+            Enqueued::new(&withdrawals, &name, request(Arc::clone(&sent)), undo(&log));
         let cut = tokio::time::timeout(Duration::from_millis(400), pending.reply()).await;
         assert!(cut.is_err(), "the request takes a second");
         assert_eq!(*pending.reply().await.unwrap(), 7);
@@ -354,7 +355,7 @@ mod tests {
 
         let start = Instant::now();
         let mut pending =
-            Enqueued::spawn(&withdrawals, &name, request(Arc::clone(&sent)), undo(&log));
+            Enqueued::new(&withdrawals, &name, request(Arc::clone(&sent)), undo(&log));
         let cut = tokio::time::timeout(Duration::from_millis(400), pending.reply()).await;
         assert!(cut.is_err());
         drop(pending);
@@ -387,7 +388,7 @@ mod tests {
             }
             Ok(1u64)
         };
-        let mut pending = Enqueued::spawn(&withdrawals, &name, first, undo(&log));
+        let mut pending = Enqueued::new(&withdrawals, &name, first, undo(&log));
         let err = pending.reply().await.err().unwrap();
         assert!(err.to_string().contains("panicked"), "{err}");
         drop(pending);

@@ -205,7 +205,7 @@ impl EtcdBackend {
             limit,
             turn,
         };
-        let mut pending = Enqueued::spawn(&session.withdrawals, name, enqueue, unqueue);
+        let mut pending = Enqueued::new(&session.withdrawals, name, enqueue, unqueue);
         let queued = match pending.reply().await {
             Ok(queued) => queued,
             Err(e) => {
@@ -360,7 +360,7 @@ impl EtcdBackend {
             limit,
         };
         // Any `?` from here on withdraws both keys: the permit's, then the gate's.
-        let mut pending = Enqueued::spawn(&session.withdrawals, name, put, unpermit);
+        let mut pending = Enqueued::new(&session.withdrawals, name, put, unpermit);
         let counted = pending.reply().await?;
         let created = counted.created;
         let admits = match counted.admits(name, permits) {

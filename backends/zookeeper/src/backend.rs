@@ -200,7 +200,7 @@ impl ZkBackend {
             limit,
             turn,
         };
-        let mut pending = Enqueued::spawn(&session.withdrawals, name, create, unqueue);
+        let mut pending = Enqueued::new(&session.withdrawals, name, create, unqueue);
         let node = pending.reply().await?;
         let (dir, checkpoint) = (
             self.paths.lock_dir(name),
@@ -294,7 +294,7 @@ impl ZkBackend {
             limit,
             turn: None,
         };
-        let mut gate = Enqueued::spawn(
+        let mut gate = Enqueued::new(
             &session.withdrawals,
             name,
             create(&gate_dir, Recipe::Mutex),
@@ -312,7 +312,7 @@ impl ZkBackend {
         )
         .await?;
         // Any `?` from here on withdraws both nodes: the lease, then the gate node.
-        let mut lease = Enqueued::spawn(
+        let mut lease = Enqueued::new(
             &session.withdrawals,
             name,
             create(&leases_dir, Recipe::Lease),

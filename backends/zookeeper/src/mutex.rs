@@ -384,7 +384,7 @@ pub(crate) struct Unqueue {
     pub(crate) recipe: Recipe,
     pub(crate) limit: Duration,
     /// A lock's per-name turn (`LocalTurns`): kept until the node is withdrawn, or handed on
-    /// to the guard.
+    /// to the node's watch (`OwnNode`) with the grant.
     pub(crate) turn: Option<tokio::sync::OwnedMutexGuard<()>>,
 }
 
