@@ -11,6 +11,7 @@
 //! | [`SessionSlot`] | one live session per backend instance, opened lazily, replaced after a loss |
 //! | [`Enqueued`] + [`Withdraw`] | a cancelled, timed-out or failed acquire leaves nothing behind: its first request runs to the end (in the withdrawal's task if the acquire is dropped), then the entry is withdrawn, retried with backoff until the store answers while the session lives |
 //! | [`LocalTurns`] | the tasks of one session take turns per name, FIFO, so a contended name costs the store one entry per instance |
+//! | [`SharedTurn`] | a granted turn kept by the guard and the entry's watch, ended by whichever first knows the entry is gone |
 //! | [`Withdrawals`] | a new acquire of the same name by the same instance waits for those withdrawals |
 //! | [`keep_retrying`] | the background re-delete of a dropped guard, with the same rules |
 //! | [`Grant`] | the one way to build a [`LockGuard`](crate::LockGuard) |
@@ -52,7 +53,7 @@ pub use observe::{observe_leader, watch_queue, Watched};
 pub use renew::{keep_renewed, Renew, Renewal};
 pub use retry::{keep_retrying, spawn_detached, Backoff, Budget};
 pub use slot::{Live, SessionSlot};
-pub use turns::LocalTurns;
+pub use turns::{LocalTurns, SharedTurn};
 
 use crate::{Error, Result};
 

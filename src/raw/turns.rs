@@ -94,12 +94,70 @@ impl LocalTurns {
     }
 }
 
+/// A granted turn kept by two holders, the guard's store half and the session's watch on the
+/// entry: it ends as soon as either holder ends it ([`SharedTurn::end`]), or once both are
+/// dropped. The guard's half ends it once its release is done, as a turn kept by the guard
+/// alone did; the watch's half ends it when it sees the entry deleted, which is earlier when an operator
+/// deleted the entry (`fencelock break`): a turn kept only by the guard made the next task of
+/// the instance wait until the lost guard was dropped, where another instance's task
+/// proceeds at once.
+///
+/// ```
+/// # use fencelock::{LockName, Result};
+/// # use fencelock::raw::{LocalTurns, SharedTurn};
+/// # use tokio_util::sync::CancellationToken;
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<()> {
+/// let (turns, session_over) = (LocalTurns::default(), CancellationToken::new());
+/// let name = LockName::new("job")?;
+/// let guards_half = SharedTurn::new(turns.take(&name, false, &session_over).await?);
+/// let watchs_half = guards_half.clone();
+/// watchs_half.end(); // the watch saw the entry deleted
+/// let _next = turns.take(&name, true, &session_over).await?; // while the guard's half lives
+/// # drop(guards_half);
+/// # Ok(()) }
+/// ```
+#[derive(Clone, Debug)]
+pub struct SharedTurn(Arc<Mutex<Option<OwnedMutexGuard<()>>>>);
+
+impl SharedTurn {
+    /// A turn from [`LocalTurns::take`], to be cloned to its second holder.
+    #[must_use]
+    pub fn new(turn: OwnedMutexGuard<()>) -> Self {
+        SharedTurn(Arc::new(Mutex::new(Some(turn))))
+    }
+
+    /// Ends the turn now, for both holders: the next task of the instance may queue.
+    pub fn end(&self) {
+        let turn = self.0.lock().unwrap_or_else(PoisonError::into_inner).take();
+        drop(turn);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
     use std::time::Duration;
 
     use super::*;
+
+    #[tokio::test]
+    async fn a_shared_turn_lasts_while_either_half_lives_unless_ended() {
+        let (turns, over) = (LocalTurns::default(), CancellationToken::new());
+        let name = LockName::new("job").unwrap();
+        let guards = SharedTurn::new(turns.take(&name, false, &over).await.unwrap());
+        let watchs = guards.clone();
+        drop(watchs); // a watch that ended without seeing the entry go
+        assert!(turns.take(&name, true, &over).await.is_err(), "still held");
+        drop(guards);
+        let again = SharedTurn::new(turns.take(&name, true, &over).await.unwrap());
+        let other = again.clone();
+        other.end();
+        assert!(
+            turns.take(&name, true, &over).await.is_ok(),
+            "ended by one half"
+        );
+        drop(again); // ending twice is harmless
+    }
 
     #[tokio::test]
     async fn tasks_take_turns_in_order_and_a_try_does_not_wait() {

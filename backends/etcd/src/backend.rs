@@ -4,7 +4,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use etcd_client::{Client, GetOptions, SortOrder, SortTarget};
-use fencelock::raw::{observe_leader, watch_queue, Enqueued, Entry, Grant, SessionSlot, Watched};
+use fencelock::raw::{
+    observe_leader, watch_queue, Enqueued, Entry, Grant, SessionSlot, SharedTurn, Watched,
+};
 use fencelock::{
     Access, Error, FencingToken, Leader, Leadership, LockBackend, LockGuard, LockName, LockStatus,
     Result, Wait,
@@ -287,6 +289,7 @@ impl EtcdBackend {
         );
         tracing::info!(lock = %name, %token, key = %queued.key, created = queued.created, "etcd: acquired");
         let (key, created): (Arc<str>, i64) = (Arc::from(queued.key), queued.created);
+        let turn = unqueue.turn.map(SharedTurn::new);
         let held = EtcdHeld {
             client: Arc::clone(&self.client),
             keys: self.keys.clone(),
@@ -298,7 +301,7 @@ impl EtcdBackend {
             ttl: self.config.ttl,
             lease: session.lease,
             session: Arc::clone(&session),
-            _turn: unqueue.turn,
+            turn: turn.clone(),
         };
         let (guard, trigger) = Grant {
             backend: KIND,
@@ -313,6 +316,7 @@ impl EtcdBackend {
             key,
             created,
             trigger,
+            turn,
         });
         Ok(guard)
     }
@@ -412,7 +416,7 @@ impl EtcdBackend {
             ttl: self.config.ttl,
             lease: session.lease,
             session: Arc::clone(&session),
-            _turn: None,
+            turn: None,
         };
         let (guard, trigger) = Grant {
             backend: KIND,
@@ -427,6 +431,7 @@ impl EtcdBackend {
             key,
             created,
             trigger,
+            turn: None,
         });
         Ok(guard)
     }

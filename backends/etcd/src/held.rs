@@ -5,9 +5,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{Client, Compare, CompareOp, PutOptions, Txn, TxnOp, TxnOpResponse};
-use fencelock::raw::{keep_retrying, HeldLock};
+use fencelock::raw::{keep_retrying, HeldLock, SharedTurn};
 use fencelock::{Error, FencingToken, LockName, ReleaseOutcome, Result, StateKey};
-use tokio::sync::OwnedMutexGuard;
 
 use crate::keys::Keys;
 use crate::mutex::{attempt_limit, delete_if_created, release_key, txn_call};
@@ -32,9 +31,22 @@ pub(crate) struct EtcdHeld {
     pub(crate) lease: i64,
     /// Keeps the session (and its lease) alive while the guard lives.
     pub(crate) session: Arc<Session>,
-    /// This session's turn on the name, held until the release is done.
-    /// `None` for a permit: an instance may hold several permits of one semaphore.
-    pub(crate) _turn: Option<OwnedMutexGuard<()>>,
+    /// This session's turn on the name, shared with the session's watch on the key: it ends
+    /// when the release is done or when the watch sees the key deleted (an operator's break),
+    /// whichever is first, and not before the key is known gone, since the next task of the
+    /// session puts the same key. `None` for a permit: an instance may hold several permits
+    /// of one semaphore.
+    pub(crate) turn: Option<SharedTurn>,
+}
+
+/// The release is done (or handed to the background, which deletes only this key): the next
+/// task of the session may queue, even while the watch on the key has not seen it go.
+impl Drop for EtcdHeld {
+    fn drop(&mut self) {
+        if let Some(turn) = &self.turn {
+            turn.end();
+        }
+    }
 }
 
 impl EtcdHeld {

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use etcd_client::{Client, EventType, WatchOptions, WatchStream};
-use fencelock::raw::Backoff;
+use fencelock::raw::{Backoff, SharedTurn};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -23,6 +23,20 @@ pub(crate) struct Held {
     pub(crate) created: i64,
     /// The guard's `lost`.
     pub(crate) trigger: CancellationToken,
+    /// The session's turn on the lock's name (shared with the guard), ended here once the key
+    /// is known gone.
+    pub(crate) turn: Option<SharedTurn>,
+}
+
+impl Held {
+    /// The key is gone: the guard's `lost` fires (unless it was released) and the session's
+    /// next task on the name may put the key again.
+    fn gone(&self) {
+        self.trigger.cancel();
+        if let Some(turn) = &self.turn {
+            turn.end();
+        }
+    }
 }
 
 /// The session's side of the watcher task.
@@ -152,8 +166,8 @@ async fn answer(
         if let Some((gone, _)) = held.remove(&id) {
             if !gone.trigger.is_cancelled() {
                 tracing::warn!(key = %gone.key, "etcd: our lock key was deleted behind our back; lock lost");
-                gone.trigger.cancel();
             }
+            gone.gone();
             return stream.cancel(id).await.is_ok();
         }
     }
@@ -173,7 +187,7 @@ async fn answer(
                     if !entry.trigger.is_cancelled() {
                         tracing::warn!(key = %entry.key, "etcd: our lock key is gone; lock lost");
                     }
-                    entry.trigger.cancel();
+                    entry.gone();
                     return true;
                 }
                 let from = now.header().map_or(entry.created + 1, |h| h.revision() + 1);

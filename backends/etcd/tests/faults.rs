@@ -506,3 +506,37 @@ async fn a_release_whose_reply_was_lost_reports_released() {
     let outcome = bounded("release", release).await.unwrap().unwrap();
     assert_eq!(outcome, fencelock::ReleaseOutcome::Released);
 }
+
+/// An operator deletes a stuck holder's key (`fencelock break`, `etcdctl del`): the next task of
+/// the same instance is granted while the lost guard lives, as another instance would be (the
+/// session's per-name turn ends when the key is known gone, not when the guard is dropped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_lock_is_granted_to_the_next_task_of_the_same_instance() {
+    let factory = common::EtcdFactory::on(common::shared_single()).await;
+    let backend = fencelock::testkit::BackendFactory::connect(&factory).await;
+    let stuck = backend.lock("broken").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await; // the watch goes out after the grant
+    let broken = backend
+        .break_lock(&fencelock::LockName::new("broken").unwrap())
+        .await
+        .unwrap();
+    assert!(broken.is_some(), "the holder's key was removed");
+    bounded("lost fires", stuck.lost()).await;
+    let next = tokio::time::timeout(Duration::from_secs(5), backend.lock("broken"))
+        .await
+        .expect("the next task of the instance is granted while the lost guard lives")
+        .unwrap();
+    assert!(next.token() > stuck.token());
+    assert_eq!(
+        stuck.release().await.unwrap(),
+        fencelock::ReleaseOutcome::NotOwned
+    );
+    assert!(
+        next.is_held(),
+        "the lost guard's release leaves the new grant alone"
+    );
+    assert_eq!(
+        next.release().await.unwrap(),
+        fencelock::ReleaseOutcome::Released
+    );
+}
