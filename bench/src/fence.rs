@@ -34,6 +34,9 @@ async fn connect(pg: &PgServer) -> Client {
 #[derive(Clone, Copy, PartialEq)]
 enum Guard {
     Plain,
+    /// Not a guard: the plain write with one trivial statement (`SELECT 1`) pipelined beside
+    /// it, the least any admission that is a statement of its own can cost.
+    Floor,
     Admit,
     Pipelined,
 }
@@ -54,6 +57,7 @@ async fn writes(
 ) -> Vec<Duration> {
     let statement = client.prepare(UPDATE).await.unwrap();
     let admission = fence.prepare(&*client).await.unwrap();
+    let one = client.prepare("SELECT 1").await.unwrap();
     if let Some(start) = start {
         start.wait().await;
     }
@@ -71,6 +75,11 @@ async fn writes(
         let token = FencingToken::new(7);
         let updated = match guard {
             Guard::Plain => update.await,
+            Guard::Floor => {
+                let (selected, updated) = tokio::join!(tx.query_one(&one, &[]), update);
+                selected.unwrap();
+                updated
+            }
             Guard::Admit if prepared => {
                 admission.admit(&tx, "bench", token).await.unwrap();
                 update.await
@@ -204,7 +213,9 @@ pub async fn run() {
     println!("| write | writes/s | plain / this |");
     println!("|---|---|---|");
     // Alternating blocks, as above: drift in the machine hits all alike.
-    let mut elapsed = [Duration::ZERO; 3];
+    let floor = (Guard::Floor, "floor: plain + a pipelined `SELECT 1`");
+    let guards = [guards[0], guards[1], guards[2], floor];
+    let mut elapsed = [Duration::ZERO; 4];
     for _ in 0..BLOCKS {
         for (i, (guard, _)) in guards.iter().enumerate() {
             elapsed[i] += concurrent(&pg, *guard).await;

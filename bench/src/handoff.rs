@@ -310,6 +310,9 @@ pub async fn run(servers: &Servers) -> Vec<Point> {
     println!("Limits, measured just before each row: A = one write + one notification; B = A + one read by the notified client, the least a new holder can spend.\n");
     println!("| setup | contenders | client | handoffs/s | p50 | p99 | A | p50 / A | B | p50 / B | server requests per handoff |\n|---|---|---|---|---|---|---|---|---|---|---|");
     let mut points = Vec::new();
+    // `FENCELOCK_BENCH_STORES=zookeeper` (or `etcd`) runs one store only.
+    let stores =
+        std::env::var("FENCELOCK_BENCH_STORES").unwrap_or_else(|_| "etcd,zookeeper".into());
     for (backend, client) in [
         ("etcd", "fencelock"),
         ("etcd", "peer"),
@@ -317,6 +320,9 @@ pub async fn run(servers: &Servers) -> Vec<Point> {
         ("zookeeper", "peer"),
         ("zookeeper", "curator"),
     ] {
+        if !stores.contains(backend) {
+            continue;
+        }
         let label = servers.label(backend);
         for n in [2usize, 8, 32] {
             if client == "curator" {
