@@ -10,9 +10,16 @@ use fencelock_testsupport::four_letter;
 use zookeeper_client::{Acls, CreateMode, LockOptions as ZkLockOptions, LockPrefix};
 
 use crate::servers::Servers;
-use crate::stats::{ms, percentiles, ratio};
+use crate::stats::{cpu_time, ms, percentiles, ratio};
 
-const HANDOFFS: usize = 150;
+/// Handoffs per row; `FENCELOCK_BENCH_HANDOFFS` sets another count (more for the CPU column,
+/// which counts in 10 ms ticks).
+fn handoffs() -> usize {
+    std::env::var("FENCELOCK_BENCH_HANDOFFS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(150)
+}
 
 /// Notifications sent before the limit's samples: ZooKeeper's JVM kept getting faster for a few
 /// hundred of them.
@@ -124,7 +131,7 @@ async fn curator_contend(servers: &Servers, n: usize, count: impl Fn() -> u64) -
         servers.zk_connect(),
         path,
         n.to_string(),
-        HANDOFFS.to_string(),
+        handoffs().to_string(),
         WARMUP.to_string(),
     ];
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -157,6 +164,7 @@ struct Outcome {
 }
 
 async fn contend(locks: Vec<Lock>) -> (Vec<Duration>, Duration) {
+    let total = handoffs();
     let marks = Arc::new(Mutex::new(Vec::new()));
     let grants = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
@@ -165,7 +173,7 @@ async fn contend(locks: Vec<Lock>) -> (Vec<Duration>, Duration) {
         .map(|lock| {
             let (marks, grants) = (Arc::clone(&marks), Arc::clone(&grants));
             tokio::spawn(async move {
-                // Bounded by HANDOFFS grants in all; after that every task leaves at its turn.
+                // Bounded by `handoffs()` grants in all; after that every task leaves at its turn.
                 loop {
                     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
                     let held: Held = {
@@ -173,7 +181,7 @@ async fn contend(locks: Vec<Lock>) -> (Vec<Duration>, Duration) {
                             (Arc::clone(&marks), Arc::clone(&grants), Arc::clone(&done));
                         Box::new(move || {
                             marks.lock().unwrap().push(Mark::Acquired(Instant::now()));
-                            let last = grants.fetch_add(1, Ordering::SeqCst) >= HANDOFFS;
+                            let last = grants.fetch_add(1, Ordering::SeqCst) >= total;
                             done.store(last, Ordering::SeqCst);
                             marks.lock().unwrap().push(Mark::Releasing(Instant::now()));
                         })
@@ -305,14 +313,19 @@ fn zk_received(servers: &Servers) -> u64 {
 
 pub async fn run(servers: &Servers) -> Vec<Point> {
     println!(
-        "\n### Contended handoff ({HANDOFFS} handoffs; latency = holder's release call to the next holder's acquire returning)\n"
+        "\n### Contended handoff ({} handoffs; latency = holder's release call to the next holder's acquire returning)\n",
+        handoffs()
     );
     println!("Limits, measured just before each row: A = one write + one notification; B = A + one read by the notified client, the least a new holder can spend.\n");
-    println!("| setup | contenders | client | handoffs/s | p50 | p99 | A | p50 / A | B | p50 / B | server requests per handoff |\n|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("Client CPU per handoff: this process's user + system time over the row (10 ms ticks; `FENCELOCK_BENCH_HANDOFFS=2000` for a finer figure); Curator's runs in its JVM, not counted.\n");
+    println!("| setup | contenders | client | handoffs/s | p50 | p99 | A | p50 / A | B | p50 / B | server requests per handoff | client CPU per handoff |\n|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut points = Vec::new();
-    // `FENCELOCK_BENCH_STORES=zookeeper` (or `etcd`) runs one store only.
+    // `FENCELOCK_BENCH_STORES=zookeeper` (or `etcd`) runs one store only, and
+    // `FENCELOCK_BENCH_CLIENTS=fencelock` (or `peer`, `curator`) one client, e.g. for a profile.
     let stores =
         std::env::var("FENCELOCK_BENCH_STORES").unwrap_or_else(|_| "etcd,zookeeper".into());
+    let clients = std::env::var("FENCELOCK_BENCH_CLIENTS")
+        .unwrap_or_else(|_| "fencelock,peer,curator".into());
     for (backend, client) in [
         ("etcd", "fencelock"),
         ("etcd", "peer"),
@@ -320,7 +333,7 @@ pub async fn run(servers: &Servers) -> Vec<Point> {
         ("zookeeper", "peer"),
         ("zookeeper", "curator"),
     ] {
-        if !stores.contains(backend) {
+        if !stores.contains(backend) || !clients.contains(client) {
             continue;
         }
         let label = servers.label(backend);
@@ -329,7 +342,7 @@ pub async fn run(servers: &Servers) -> Vec<Point> {
                 let limit = zk_notify(servers).await;
                 let row = curator_contend(servers, n, || zk_received(servers)).await;
                 println!(
-                    "| {label} | {n} | {client} | {:.0} | {} | {} | {} | {} | {} | {} | {:.1} requests |",
+                    "| {label} | {n} | {client} | {:.0} | {} | {} | {} | {} | {} | {} | {:.1} requests | - |",
                     row.per_second,
                     ms(row.p50),
                     ms(row.p99),
@@ -364,8 +377,9 @@ pub async fn run(servers: &Servers) -> Vec<Point> {
             } else {
                 zk_notify(servers).await
             };
-            let before = count(servers);
+            let (before, cpu) = (count(servers), cpu_time());
             let (mut latencies, elapsed) = contend(locks).await;
+            let cpu = cpu_time().saturating_sub(cpu);
             let after = count(servers);
             let handoffs = latencies.len().max(1) as f64;
             let (p50, p99) = percentiles(&mut latencies);
@@ -382,14 +396,15 @@ pub async fn run(servers: &Servers) -> Vec<Point> {
                 format!("{:.1} requests", per(after.2, before.2))
             };
             println!(
-                "| {label} | {n} | {client} | {:.0} | {} | {} | {} | {} | {} | {} | {requests} |",
+                "| {label} | {n} | {client} | {:.0} | {} | {} | {} | {} | {} | {} | {requests} | {:.0} µs |",
                 handoffs / elapsed.as_secs_f64(),
                 ms(p50),
                 ms(p99),
                 ms(limit.notify),
                 ratio(p50, limit.notify),
                 ms(limit.notify_read),
-                ratio(p50, limit.notify_read)
+                ratio(p50, limit.notify_read),
+                cpu.as_secs_f64() * 1e6 / handoffs
             );
             if client == "fencelock" {
                 points.push((label.clone(), n, p50));

@@ -18,7 +18,7 @@ use zookeeper_client::{Acls, CreateMode};
 
 use crate::latency::{etcd_peer, etcd_raw, zk_peer, zk_raw};
 use crate::servers::Servers;
-use crate::stats::{ms, percentiles};
+use crate::stats::{cpu_time, ms, percentiles};
 
 const KS: [usize; 4] = [1, 16, 256, 1024];
 /// How long each client runs at each K.
@@ -34,20 +34,6 @@ struct Figures {
     p50: Duration,
     p99: Duration,
     cpu_per_op: Duration,
-}
-
-/// This process's CPU time so far (user + system), from `/proc/self/stat` in clock ticks of
-/// 10 ms (`CLK_TCK` is 100 on Linux).
-fn cpu_time() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let after_name = stat.rsplit(')').next().unwrap_or_default();
-    let fields: Vec<u64> = after_name
-        .split_whitespace()
-        .skip(11) // state .. cmajflt: utime and stime come next
-        .take(2)
-        .filter_map(|f| f.parse().ok())
-        .collect();
-    Duration::from_millis(fields.iter().sum::<u64>() * 10)
 }
 
 /// Runs `k` tasks, each calling `op` in a loop for [`SPAN`].
