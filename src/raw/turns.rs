@@ -16,7 +16,9 @@ use crate::{Error, LockName, Result};
 /// with one node per instance, not per task.
 ///
 /// A turn is held from before the first request until the entry is gone: kept in the
-/// withdrawal of an acquire that did not end in a guard, then in the guard's store half.
+/// withdrawal of an acquire that did not end in a guard, then, once granted, where the
+/// backend learns that the entry is gone (etcd: the guard's store half and the key's watch,
+/// through a [`SharedTurn`]; ZooKeeper: the node's watch).
 ///
 /// ```
 /// # use fencelock::{LockName, Result};
@@ -96,8 +98,9 @@ impl LocalTurns {
 
 /// A granted turn kept by two holders, the guard's store half and the session's watch on the
 /// entry: it ends as soon as either holder ends it ([`SharedTurn::end`]), or once both are
-/// dropped. The guard's half ends it once its release is done, as a turn kept by the guard
-/// alone did; the watch's half ends it when it sees the entry deleted, which is earlier when an operator
+/// dropped; a holder that must end it when it goes calls `end` in its own `Drop`. The guard's
+/// half ends it once its release is done, as a turn kept by the guard alone did; the watch's
+/// half ends it when it sees the entry deleted, which is earlier when an operator
 /// deleted the entry (`fencelock break`): a turn kept only by the guard made the next task of
 /// the instance wait until the lost guard was dropped, where another instance's task
 /// proceeds at once.
@@ -156,7 +159,7 @@ mod tests {
             turns.take(&name, true, &over).await.is_ok(),
             "ended by one half"
         );
-        drop(again); // ending twice is harmless
+        again.end(); // ending twice is harmless
     }
 
     #[tokio::test]

@@ -32,15 +32,16 @@ pub(crate) struct EtcdHeld {
     /// Keeps the session (and its lease) alive while the guard lives.
     pub(crate) session: Arc<Session>,
     /// This session's turn on the name, shared with the session's watch on the key: it ends
-    /// when the release is done or when the watch sees the key deleted (an operator's break),
-    /// whichever is first, and not before the key is known gone, since the next task of the
-    /// session puts the same key. `None` for a permit: an instance may hold several permits
-    /// of one semaphore.
+    /// when the watch sees the key deleted (an operator's break) or when this is dropped
+    /// (the release done, or a failed one handed to `keep_releasing`, whose key the next
+    /// enqueue deletes as a leftover), whichever is first. `None` for a permit: an instance
+    /// may hold several permits of one semaphore.
     pub(crate) turn: Option<SharedTurn>,
 }
 
-/// The release is done (or handed to the background, which deletes only this key): the next
-/// task of the session may queue, even while the watch on the key has not seen it go.
+/// The release is done (or a failed one handed to the background, which deletes only this
+/// key): the next task of the session may queue, even while the watch on the key has not seen
+/// it go. [`SharedTurn`] does not end itself on a drop, so this half must.
 impl Drop for EtcdHeld {
     fn drop(&mut self) {
         if let Some(turn) = &self.turn {
@@ -153,8 +154,8 @@ impl HeldLock for EtcdHeld {
     }
 
     fn release_in_background(self: Box<Self>) {
-        // A withdrawal (review F12); `self`, and with it the instance's turn on the name, is
-        // dropped when the release is done.
+        // A withdrawal (review F12); `self` is dropped when the release is done, which ends
+        // the instance's turn on the name if the key's watch has not already.
         let (session, name) = (Arc::clone(&self.session), self.name.clone());
         session
             .withdrawals
