@@ -14,7 +14,7 @@ use crate::stats::{cpu_time, ms, percentiles, ratio};
 
 /// Handoffs per row; `FENCELOCK_BENCH_HANDOFFS` sets another count (more for the CPU column,
 /// which counts in 10 ms ticks).
-fn handoffs() -> usize {
+fn handoffs_per_row() -> usize {
     std::env::var("FENCELOCK_BENCH_HANDOFFS")
         .ok()
         .and_then(|n| n.parse().ok())
@@ -131,7 +131,7 @@ async fn curator_contend(servers: &Servers, n: usize, count: impl Fn() -> u64) -
         servers.zk_connect(),
         path,
         n.to_string(),
-        handoffs().to_string(),
+        handoffs_per_row().to_string(),
         WARMUP.to_string(),
     ];
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
@@ -164,7 +164,7 @@ struct Outcome {
 }
 
 async fn contend(locks: Vec<Lock>) -> (Vec<Duration>, Duration) {
-    let total = handoffs();
+    let total = handoffs_per_row();
     let marks = Arc::new(Mutex::new(Vec::new()));
     let grants = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
@@ -173,7 +173,8 @@ async fn contend(locks: Vec<Lock>) -> (Vec<Duration>, Duration) {
         .map(|lock| {
             let (marks, grants) = (Arc::clone(&marks), Arc::clone(&grants));
             tokio::spawn(async move {
-                // Bounded by `handoffs()` grants in all; after that every task leaves at its turn.
+                // Bounded by `handoffs_per_row()` grants in all; then each task leaves at its
+                // turn.
                 loop {
                     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
                     let held: Held = {
@@ -314,7 +315,7 @@ fn zk_received(servers: &Servers) -> u64 {
 pub async fn run(servers: &Servers) -> Vec<Point> {
     println!(
         "\n### Contended handoff ({} handoffs; latency = holder's release call to the next holder's acquire returning)\n",
-        handoffs()
+        handoffs_per_row()
     );
     println!("Limits, measured just before each row: A = one write + one notification; B = A + one read by the notified client, the least a new holder can spend.\n");
     println!("Client CPU per handoff: this process's user + system time over the row (10 ms ticks; `FENCELOCK_BENCH_HANDOFFS=2000` for a finer figure); Curator's runs in its JVM, not counted.\n");

@@ -88,11 +88,11 @@ fn row(setup: &str, names: &str, k: usize, client: &str, f: &Figures, base: f64)
 /// Each K: fencelock, raw and peer on names of their own; then fencelock and the peer on one
 /// name, against one raw task's rate measured again just before them.
 async fn table(setup: &str, ours: Op, raw: Op, peer: Op, ours_one: Op, peer_one: Op) {
-    let mut raw_alone = None;
+    let mut first_raw = None;
     for k in KS {
         let raw_figures = measure(k, &raw).await;
         let raw_rate = raw_figures.per_sec;
-        raw_alone.get_or_insert(raw_rate);
+        first_raw.get_or_insert(raw_rate);
         row(
             setup,
             "own",
@@ -108,7 +108,6 @@ async fn table(setup: &str, ours: Op, raw: Op, peer: Op, ours_one: Op, peer_one:
     // own-name row's writes since the first one, and on a 3-node etcd that alone made a later
     // loop 20-30% slower (a probe: one name contended by 16 tasks, 644 ops/s on a fresh
     // cluster, 463-527 after 3 s of 1,024 tasks on their own names).
-    let first_raw = raw_alone.unwrap_or(1.0);
     let again = measure(1, &raw).await;
     row(
         setup,
@@ -116,7 +115,7 @@ async fn table(setup: &str, ours: Op, raw: Op, peer: Op, ours_one: Op, peer_one:
         1,
         "raw (again, the reference)",
         &again,
-        first_raw,
+        first_raw.unwrap_or(1.0),
     );
     let raw_alone = again.per_sec;
     for k in KS.into_iter().filter(|&k| k > 1) {
