@@ -14,15 +14,23 @@ use fencelock_testsupport::PgServer;
 use tokio_postgres::{Client, NoTls};
 use tower::{Service, ServiceExt};
 
-use crate::stats::{ms, percentiles, ratio};
+use crate::stats::{cpu_time, ms, percentiles, ratio, tree_cpu_time};
 
 const WRITES: usize = 2000;
 const REQUESTS: usize = 20_000;
 const TASKS: usize = 4;
-/// Alternating blocks of the concurrent writes, and the writes in each (enough for half a
-/// second or more: a shorter block measures the scheduler).
-const BLOCKS: usize = 4;
+/// The writes in each block of concurrent writes (enough for half a second or more: a shorter
+/// block measures the scheduler).
 const BLOCK_WRITES: usize = 8000;
+
+/// Alternating blocks of the concurrent writes, 8 of each kind; `FENCELOCK_BENCH_BLOCKS` sets
+/// another count (more for a steadier ratio on a noisy machine).
+fn blocks() -> usize {
+    std::env::var("FENCELOCK_BENCH_BLOCKS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(8)
+}
 
 async fn connect(pg: &PgServer) -> Client {
     let (client, connection) = tokio_postgres::connect(&pg.url(), NoTls).await.unwrap();
@@ -39,6 +47,10 @@ enum Guard {
     Floor,
     Admit,
     Pipelined,
+    /// Not a guard: the plain write with the admission's row lock alone (`SELECT ... FOR
+    /// SHARE` of the fence row, the held token's path without the `coalesce` around it)
+    /// pipelined beside it: the least an admission that locks the row can cost.
+    RowLock,
 }
 
 const UPDATE: &str = "UPDATE bench_acct SET value = value + 1 WHERE id = $1";
@@ -58,6 +70,11 @@ async fn writes(
     let statement = client.prepare(UPDATE).await.unwrap();
     let admission = fence.prepare(&*client).await.unwrap();
     let one = client.prepare("SELECT 1").await.unwrap();
+    let row_lock = client
+        .prepare("SELECT token FROM bench_fence WHERE lock = 'bench' AND token = 7 FOR SHARE")
+        .await
+        .unwrap();
+
     if let Some(start) = start {
         start.wait().await;
     }
@@ -80,6 +97,12 @@ async fn writes(
                 selected.unwrap();
                 updated
             }
+            Guard::RowLock => {
+                let (selected, updated) = tokio::join!(tx.query_one(&row_lock, &[]), update);
+                selected.unwrap();
+                updated
+            }
+
             Guard::Admit if prepared => {
                 admission.admit(&tx, "bench", token).await.unwrap();
                 update.await
@@ -101,9 +124,18 @@ async fn writes(
     samples
 }
 
-/// `TASKS` connections writing their own rows at once, `BLOCK_WRITES` in all; the time they took
+/// What a block of concurrent writes took: wall time, and CPU time in this process (the
+/// clients) and in the server.
+#[derive(Clone, Copy, Default)]
+struct Took {
+    elapsed: Duration,
+    client: Duration,
+    server: Duration,
+}
+
+/// `TASKS` connections writing their own rows at once, `BLOCK_WRITES` in all; what that took
 /// (connected and prepared before the clock starts).
-async fn concurrent(pg: &Arc<PgServer>, guard: Guard) -> Duration {
+async fn concurrent(pg: &Arc<PgServer>, guard: Guard) -> Took {
     let start = Arc::new(tokio::sync::Barrier::new(TASKS + 1));
     let tasks: Vec<_> = (0..TASKS)
         .map(|i| {
@@ -127,11 +159,16 @@ async fn concurrent(pg: &Arc<PgServer>, guard: Guard) -> Duration {
         })
         .collect();
     start.wait().await;
-    let started = Instant::now();
+    let server = pg.pid().unwrap();
+    let (started, client, served) = (Instant::now(), cpu_time(), tree_cpu_time(server));
     for t in tasks {
         t.await.unwrap();
     }
-    started.elapsed()
+    Took {
+        elapsed: started.elapsed(),
+        client: cpu_time().saturating_sub(client),
+        server: tree_cpu_time(server).saturating_sub(served),
+    }
 }
 
 /// `n` requests through `router` in process (no network), with the header; latencies.
@@ -210,20 +247,41 @@ pub async fn run() {
         }
     }
     println!("\n{TASKS} writers at once, own rows, UPDATE and admission prepared:\n");
-    println!("| write | writes/s | plain / this |");
-    println!("|---|---|---|");
+    println!(
+        "| write | writes/s | plain / this | client CPU / write | server CPU / write | \
+         CPU / plain's |"
+    );
+    println!("|---|---|---|---|---|---|");
     // Alternating blocks, as above: drift in the machine hits all alike.
     let floor = (Guard::Floor, "floor: plain + a pipelined `SELECT 1`");
-    let guards = [guards[0], guards[1], guards[2], floor];
-    let mut elapsed = [Duration::ZERO; 4];
-    for _ in 0..BLOCKS {
+    let row_lock = (
+        Guard::RowLock,
+        "row lock alone: plain + a pipelined `SELECT ... FOR SHARE`",
+    );
+    let guards = [guards[0], guards[1], guards[2], floor, row_lock];
+    let mut took = [Took::default(); 5];
+    let blocks = blocks();
+    for _ in 0..blocks {
         for (i, (guard, _)) in guards.iter().enumerate() {
-            elapsed[i] += concurrent(&pg, *guard).await;
+            let block = concurrent(&pg, *guard).await;
+            took[i].elapsed += block.elapsed;
+            took[i].client += block.client;
+            took[i].server += block.server;
         }
     }
-    let rate = |i: usize| (BLOCKS * BLOCK_WRITES) as f64 / elapsed[i].as_secs_f64();
+    let writes = (blocks * BLOCK_WRITES) as f64;
+    let rate = |i: usize| writes / took[i].elapsed.as_secs_f64();
+    let per_write = |d: Duration| d.as_secs_f64() * 1e6 / writes;
+    let cpu = |i: usize| per_write(took[i].client + took[i].server);
     for (i, (_, name)) in guards.iter().enumerate() {
-        println!("| {name} | {:.0} | {:.2}x |", rate(i), rate(0) / rate(i));
+        println!(
+            "| {name} | {:.0} | {:.2}x | {:.0} µs | {:.0} µs | {:.2}x |",
+            rate(i),
+            rate(0) / rate(i),
+            per_write(took[i].client),
+            per_write(took[i].server),
+            cpu(i) / cpu(0)
+        );
     }
 
     println!("\n## FenceLayer per request (axum, in process, no network)\n");

@@ -26,12 +26,44 @@ pub fn ratio(a: Duration, b: Duration) -> String {
 /// This process's CPU time so far (user + system), from `/proc/self/stat` in clock ticks of
 /// 10 ms (`CLK_TCK` is 100 on Linux).
 pub fn cpu_time() -> Duration {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    ticks(
+        &std::fs::read_to_string("/proc/self/stat").unwrap_or_default(),
+        2,
+    )
+}
+
+/// The CPU time so far of process `pid` and its children, live or ended (user + system; a
+/// server's connections are its children): `pid`'s own and reaped children's times, and each
+/// child's still in `/proc`.
+pub fn tree_cpu_time(pid: u32) -> Duration {
+    let own = ticks(
+        &std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default(),
+        4,
+    );
+    let parent = pid.to_string();
+    let children = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("stat")).ok())
+        .filter(|stat| {
+            // ppid is the second field after the name.
+            stat.rsplit(')')
+                .next()
+                .and_then(|f| f.split_whitespace().nth(1))
+                == Some(&parent)
+        })
+        .map(|stat| ticks(&stat, 2))
+        .sum::<Duration>();
+    own + children
+}
+
+/// The first `n` of utime, stime, cutime, cstime in a `/proc/<pid>/stat` line, added.
+fn ticks(stat: &str, n: usize) -> Duration {
     let after_name = stat.rsplit(')').next().unwrap_or_default();
     let fields: Vec<u64> = after_name
         .split_whitespace()
         .skip(11) // state .. cmajflt: utime and stime come next
-        .take(2)
+        .take(n)
         .filter_map(|f| f.parse().ok())
         .collect();
     Duration::from_millis(fields.iter().sum::<u64>() * 10)

@@ -167,6 +167,11 @@ impl PgServer {
         self.wait_ready();
     }
 
+    /// The postmaster's process id while it runs (its backends are its children).
+    pub fn pid(&self) -> Option<u32> {
+        self.server.child.as_ref().map(|c| c.id())
+    }
+
     /// The end of the server's log.
     pub fn logs(&self) -> String {
         self.server.log_tail()
