@@ -36,8 +36,39 @@ struct Figures {
     cpu_per_op: Duration,
 }
 
-/// Runs `k` tasks, each calling `op` in a loop for [`SPAN`].
-async fn measure(k: usize, op: &Op) -> Figures {
+/// One timed stretch of `measure`: every sample, and the wall and CPU time it took.
+#[derive(Default)]
+struct Stretch {
+    samples: Vec<Duration>,
+    elapsed: Duration,
+    cpu: Duration,
+}
+
+impl Stretch {
+    /// Two stretches of the same client as one.
+    fn and(mut self, other: Stretch) -> Stretch {
+        self.samples.extend(other.samples);
+        self.elapsed += other.elapsed;
+        self.cpu += other.cpu;
+        self
+    }
+
+    fn figures(mut self) -> Figures {
+        let ops = self.samples.len().max(1);
+        let (p50, p99) = percentiles(&mut self.samples);
+        Figures {
+            per_sec: ops as f64 / self.elapsed.as_secs_f64(),
+            p50,
+            p99,
+            cpu_per_op: self.cpu / u32::try_from(ops).unwrap_or(u32::MAX),
+        }
+    }
+}
+
+/// Runs `k` tasks, each calling `op` in a loop for half of [`SPAN`]: each figure is two such
+/// halves, taken in mirrored order (raw, fencelock, peer, then peer, fencelock, raw), so that
+/// servers that slow down as they take writes charge every client alike.
+async fn measure(k: usize, op: &Op) -> Stretch {
     // A round of each task first, so that no figure includes setup (sessions, directories).
     let warm: Vec<_> = (0..k).map(|i| tokio::spawn(op(i))).collect();
     for task in warm {
@@ -50,7 +81,7 @@ async fn measure(k: usize, op: &Op) -> Figures {
             let (op, samples) = (Arc::clone(op), Arc::clone(&samples));
             tokio::spawn(async move {
                 let mut mine = Vec::new();
-                while start.elapsed() < SPAN {
+                while start.elapsed() < SPAN / 2 {
                     let at = Instant::now();
                     op(i).await;
                     mine.push(at.elapsed());
@@ -63,14 +94,11 @@ async fn measure(k: usize, op: &Op) -> Figures {
         task.await.unwrap();
     }
     let (elapsed, cpu) = (start.elapsed(), cpu_time().saturating_sub(cpu));
-    let mut samples = samples.lock().unwrap();
-    let ops = samples.len().max(1);
-    let (p50, p99) = percentiles(&mut samples);
-    Figures {
-        per_sec: ops as f64 / elapsed.as_secs_f64(),
-        p50,
-        p99,
-        cpu_per_op: cpu / u32::try_from(ops).unwrap_or(u32::MAX),
+    let samples = std::mem::take(&mut *samples.lock().unwrap());
+    Stretch {
+        samples,
+        elapsed,
+        cpu,
     }
 }
 
@@ -86,29 +114,38 @@ fn row(setup: &str, names: &str, k: usize, client: &str, f: &Figures, base: f64)
 }
 
 /// Each K: fencelock, raw and peer on names of their own; then fencelock and the peer on one
-/// name, against one raw task's rate measured again just before them.
+/// name, against one raw task's rate measured again around them.
 async fn table(setup: &str, ours: Op, raw: Op, peer: Op, ours_one: Op, peer_one: Op) {
     let mut first_raw = None;
     for k in KS {
-        let raw_figures = measure(k, &raw).await;
+        let (raw_a, ours_a, peer_a) = (
+            measure(k, &raw).await,
+            measure(k, &ours).await,
+            measure(k, &peer).await,
+        );
+        let peer_figures = peer_a.and(measure(k, &peer).await).figures();
+        let ours_figures = ours_a.and(measure(k, &ours).await).figures();
+        let raw_figures = raw_a.and(measure(k, &raw).await).figures();
         let raw_rate = raw_figures.per_sec;
         first_raw.get_or_insert(raw_rate);
-        row(
-            setup,
-            "own",
-            k,
-            "fencelock",
-            &measure(k, &ours).await,
-            raw_rate,
-        );
+        row(setup, "own", k, "fencelock", &ours_figures, raw_rate);
         row(setup, "own", k, "raw", &raw_figures, raw_rate);
-        row(setup, "own", k, "peer", &measure(k, &peer).await, raw_rate);
+        row(setup, "own", k, "peer", &peer_figures, raw_rate);
     }
-    // One raw task's loop again, next to the one-name rows: the servers have taken every
-    // own-name row's writes since the first one, and on a 3-node etcd that alone made a later
-    // loop 20-30% slower (a probe: one name contended by 16 tasks, 644 ops/s on a fresh
-    // cluster, 463-527 after 3 s of 1,024 tasks on their own names).
-    let again = measure(1, &raw).await;
+    // One raw task's loop again, half before the one-name rows and half after: the servers
+    // have taken every own-name row's writes since the first one, and on a 3-node etcd that
+    // alone made a later loop 20-30% slower (a probe: one name contended by 16 tasks, 644
+    // ops/s on a fresh cluster, 463-527 after 3 s of 1,024 tasks on their own names).
+    let before = measure(1, &raw).await;
+    let mut rows = Vec::new();
+    for k in KS.into_iter().filter(|&k| k > 1) {
+        let ours_a = measure(k, &ours_one).await;
+        let peer_a = measure(k, &peer_one).await;
+        let peer_figures = peer_a.and(measure(k, &peer_one).await).figures();
+        let ours_figures = ours_a.and(measure(k, &ours_one).await).figures();
+        rows.push((k, ours_figures, peer_figures));
+    }
+    let again = before.and(measure(1, &raw).await).figures();
     row(
         setup,
         "one",
@@ -117,18 +154,9 @@ async fn table(setup: &str, ours: Op, raw: Op, peer: Op, ours_one: Op, peer_one:
         &again,
         first_raw.unwrap_or(1.0),
     );
-    let raw_alone = again.per_sec;
-    for k in KS.into_iter().filter(|&k| k > 1) {
-        let f = measure(k, &ours_one).await;
-        row(setup, "one", k, "fencelock", &f, raw_alone);
-        row(
-            setup,
-            "one",
-            k,
-            "peer",
-            &measure(k, &peer_one).await,
-            raw_alone,
-        );
+    for (k, ours_figures, peer_figures) in rows {
+        row(setup, "one", k, "fencelock", &ours_figures, again.per_sec);
+        row(setup, "one", k, "peer", &peer_figures, again.per_sec);
     }
 }
 
