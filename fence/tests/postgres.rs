@@ -531,3 +531,45 @@ async fn a_prepared_admission_refuses_stale_tokens_and_only_works_on_its_connect
     assert_eq!(balance, 90, "a write behind a failed admission landed");
     assert_eq!(fence.highest(&a, "acct").await.unwrap(), Some(t(5)));
 }
+
+/// The held token's admission is plain SQL: the PL/pgSQL function runs for the raise, a
+/// refusal and the row's first admission, never when the row already holds the token (counted
+/// by PostgreSQL itself, `track_functions`, in the current transaction).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_held_token_is_admitted_without_the_function() {
+    let pg = PgServer::start();
+    let fence = PgFence::new("plain_fence").unwrap();
+    let mut client = connect(&pg).await;
+    fence.create_table(&client).await.unwrap();
+    client
+        .batch_execute("SET track_functions = 'pl'")
+        .await
+        .unwrap();
+    let prepared = fence.prepare(&client).await.unwrap();
+    let t = FencingToken::new;
+    let calls = "SELECT coalesce(pg_stat_get_xact_function_calls('plain_fence_admit'::regproc), 0)";
+    let tx = client.transaction().await.unwrap();
+    fence.admit(&tx, "jobs", t(3)).await.unwrap(); // the first admission inserts the row
+    fence.admit(&tx, "jobs", t(4)).await.unwrap(); // a raise
+    let after_raises: i64 = tx.query_one(calls, &[]).await.unwrap().get(0);
+    for _ in 0..5 {
+        fence.admit(&tx, "jobs", t(4)).await.unwrap();
+        prepared.admit(&tx, "jobs", t(4)).await.unwrap();
+    }
+    let after_held: i64 = tx.query_one(calls, &[]).await.unwrap().get(0);
+    assert!(
+        after_raises >= 2,
+        "the raises ran the function {after_raises} times"
+    );
+    assert_eq!(
+        after_held, after_raises,
+        "ten admissions of the held token ran the function"
+    );
+    tx.commit().await.unwrap();
+    let tx = client.transaction().await.unwrap();
+    let refused = fence.admit(&tx, "jobs", t(2)).await;
+    assert!(
+        matches!(&refused, Err(Error::StaleToken { highest, .. }) if highest.get() == 4),
+        "{refused:?}"
+    );
+}
