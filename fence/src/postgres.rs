@@ -27,7 +27,9 @@ pub use store::PgFenceStore;
 /// a newer holder's admission waits for this transaction, and a stale one that comes after it
 /// is refused. Refused: drop (roll back) the transaction. Under `REPEATABLE READ` or
 /// `SERIALIZABLE`, a raise by another transaction since this one's snapshot makes `admit` fail
-/// with a serialization failure ([`Error::is_retryable`]): retry the transaction.
+/// with a serialization failure ([`Error::is_retryable`]): retry the transaction. The role that
+/// admits needs `SELECT` and `UPDATE` on the table (the shared lock is a row lock) and
+/// `EXECUTE` on its function.
 ///
 /// ```no_run
 /// # async fn f(client: &mut tokio_postgres::Client, token: fencelock::FencingToken)
@@ -227,8 +229,8 @@ impl PgFence {
     /// do it once per connection, as a statement cache does.
     ///
     /// # Errors
-    /// [`Error::Backend`] when PostgreSQL fails (the admission function does not exist before
-    /// [`create_table`](PgFence::create_table)).
+    /// [`Error::Backend`] when PostgreSQL fails (the fence table and its admission function do
+    /// not exist before [`create_table`](PgFence::create_table)).
     ///
     /// # Cancel safety
     /// Cancel safe: a statement prepared and dropped unused is closed.
@@ -244,11 +246,14 @@ impl PgFence {
         // The row lock taken (FOR SHARE, or the raise's) makes the comparison against the
         // latest committed token, and holds it until the transaction ends. The held token, the
         // common case, is the subquery alone: it locks the row only when it holds this very
-        // token (under READ COMMITTED, a row raised meanwhile is read again and no longer
-        // matches), and COALESCE calls the function only when it found nothing, so that path
-        // skips PL/pgSQL. A miss locked nothing, so the function starts from where it would
-        // have on its own. (Measured against the function alone in the README's fence
-        // tables.)
+        // token, and COALESCE calls the function only when it found nothing, so that path
+        // skips PL/pgSQL. A miss locked nothing, or, under READ COMMITTED after waiting for a
+        // raise, a row that now holds a higher token (re-read, it no longer matches), which the
+        // function then refuses without writing: either way the function starts from where it
+        // would have on its own, whose first SELECT does the same. The statement reads the
+        // table itself, so the caller's role needs SELECT and UPDATE on it (FOR SHARE), as the
+        // function (SECURITY INVOKER) always did. (Measured against the function alone in the
+        // README's fence tables.)
         format!(
             "SELECT coalesce((SELECT token FROM {t} WHERE lock = $1 AND token = $2 FOR SHARE), \
              {f}($1, $2))",
