@@ -113,9 +113,36 @@ fn row(setup: &str, names: &str, k: usize, client: &str, f: &Figures, base: f64)
     );
 }
 
+/// Halves of [`SPAN`] in a profile's one figure.
+const PROFILE_HALVES: usize = 10;
+
+/// `FENCELOCK_BENCH_PROFILE=<fencelock|raw|peer>:<K>`: that client alone on names of its own at
+/// K, for one figure of [`PROFILE_HALVES`] halves and no other row, e.g. under `perf record`
+/// (a profile of the whole table would mix the clients).
+fn profile_target() -> Option<(String, usize)> {
+    let target = std::env::var("FENCELOCK_BENCH_PROFILE").ok()?;
+    let (client, k) = target.split_once(':')?;
+    Some((client.to_owned(), k.parse().ok()?))
+}
+
 /// Each K: fencelock, raw and peer on names of their own; then fencelock and the peer on one
 /// name, against one raw task's rate measured again around them.
 async fn table(setup: &str, ours: Op, raw: Op, peer: Op, ours_one: Op, peer_one: Op) {
+    if let Some((client, k)) = profile_target() {
+        let op = match client.as_str() {
+            "fencelock" => &ours,
+            "raw" => &raw,
+            "peer" => &peer,
+            other => panic!("FENCELOCK_BENCH_PROFILE: unknown client {other:?}"),
+        };
+        let mut all = Stretch::default();
+        for _ in 0..PROFILE_HALVES {
+            all = all.and(measure(k, op).await);
+        }
+        let figures = all.figures();
+        row(setup, "own", k, &client, &figures, figures.per_sec);
+        return;
+    }
     let mut first_raw = None;
     for k in KS {
         let (raw_a, ours_a, peer_a) = (
