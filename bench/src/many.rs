@@ -65,9 +65,8 @@ impl Stretch {
     }
 }
 
-/// Runs `k` tasks, each calling `op` in a loop for half of [`SPAN`]: each figure is two such
-/// halves, taken in mirrored order (raw, fencelock, peer, then peer, fencelock, raw), so that
-/// servers that slow down as they take writes charge every client alike.
+/// Runs `k` tasks, each calling `op` in a loop for half of [`SPAN`] (a figure is two such
+/// halves: `table`).
 async fn measure(k: usize, op: &Op) -> Stretch {
     // A round of each task first, so that no figure includes setup (sessions, directories).
     let warm: Vec<_> = (0..k).map(|i| tokio::spawn(op(i))).collect();
@@ -121,12 +120,21 @@ const PROFILE_HALVES: usize = 10;
 /// (a profile of the whole table would mix the clients).
 fn profile_target() -> Option<(String, usize)> {
     let target = std::env::var("FENCELOCK_BENCH_PROFILE").ok()?;
-    let (client, k) = target.split_once(':')?;
-    Some((client.to_owned(), k.parse().ok()?))
+    let parsed = target
+        .split_once(':')
+        .and_then(|(client, k)| Some((client.to_owned(), k.parse().ok().filter(|&k| k > 0)?)));
+    Some(parsed.unwrap_or_else(|| {
+        panic!("FENCELOCK_BENCH_PROFILE={target:?}: <fencelock|raw|peer>:<K>, e.g. fencelock:256")
+    }))
 }
 
-/// Each K: fencelock, raw and peer on names of their own; then fencelock and the peer on one
-/// name, against one raw task's rate measured again around them.
+/// Each K: fencelock, raw and peer on names of their own; then, each K > 1, fencelock and the
+/// peer on one name against one raw task's loop. Every figure is two halves taken in mirrored
+/// order around the others of its K (raw, fencelock, peer, then peer, fencelock, raw), so that
+/// servers that slow down as they take writes charge every client alike: on a 3-node etcd, the
+/// same raw loop ran 20-30% slower after the own-name rows than before them (a probe: one name
+/// contended by 16 tasks, 644 ops/s on a fresh cluster, 463-527 after 3 s of 1,024 tasks on
+/// their own names). With `FENCELOCK_BENCH_PROFILE`, only that client's one figure.
 async fn table(setup: &str, ours: Op, raw: Op, peer: Op, ours_one: Op, peer_one: Op) {
     if let Some((client, k)) = profile_target() {
         let op = match client.as_str() {
@@ -143,48 +151,49 @@ async fn table(setup: &str, ours: Op, raw: Op, peer: Op, ours_one: Op, peer_one:
         row(setup, "own", k, &client, &figures, figures.per_sec);
         return;
     }
-    let mut first_raw = None;
     for k in KS {
-        let (raw_a, ours_a, peer_a) = (
-            measure(k, &raw).await,
-            measure(k, &ours).await,
-            measure(k, &peer).await,
-        );
-        let peer_figures = peer_a.and(measure(k, &peer).await).figures();
-        let ours_figures = ours_a.and(measure(k, &ours).await).figures();
-        let raw_figures = raw_a.and(measure(k, &raw).await).figures();
+        let [raw_figures, ours_figures, peer_figures] =
+            mirrored([(k, &raw), (k, &ours), (k, &peer)]).await;
         let raw_rate = raw_figures.per_sec;
-        first_raw.get_or_insert(raw_rate);
         row(setup, "own", k, "fencelock", &ours_figures, raw_rate);
         row(setup, "own", k, "raw", &raw_figures, raw_rate);
         row(setup, "own", k, "peer", &peer_figures, raw_rate);
     }
-    // One raw task's loop again, half before the one-name rows and half after: the servers
-    // have taken every own-name row's writes since the first one, and on a 3-node etcd that
-    // alone made a later loop 20-30% slower (a probe: one name contended by 16 tasks, 644
-    // ops/s on a fresh cluster, 463-527 after 3 s of 1,024 tasks on their own names).
-    let before = measure(1, &raw).await;
-    let mut rows = Vec::new();
     for k in KS.into_iter().filter(|&k| k > 1) {
-        let ours_a = measure(k, &ours_one).await;
-        let peer_a = measure(k, &peer_one).await;
-        let peer_figures = peer_a.and(measure(k, &peer_one).await).figures();
-        let ours_figures = ours_a.and(measure(k, &ours_one).await).figures();
-        rows.push((k, ours_figures, peer_figures));
+        let [reference, ours_figures, peer_figures] =
+            mirrored([(1, &raw), (k, &ours_one), (k, &peer_one)]).await;
+        let base = reference.per_sec;
+        row(
+            setup,
+            "one",
+            1,
+            &format!("raw, one task (reference for K = {k})"),
+            &reference,
+            base,
+        );
+        row(setup, "one", k, "fencelock", &ours_figures, base);
+        row(setup, "one", k, "peer", &peer_figures, base);
     }
-    let again = before.and(measure(1, &raw).await).figures();
-    row(
-        setup,
-        "one",
-        1,
-        "raw (again, the reference)",
-        &again,
-        first_raw.unwrap_or(1.0),
-    );
-    for (k, ours_figures, peer_figures) in rows {
-        row(setup, "one", k, "fencelock", &ours_figures, again.per_sec);
-        row(setup, "one", k, "peer", &peer_figures, again.per_sec);
+}
+
+/// Each client's figure at its K, from two halves taken in mirrored order (a, b, c, then c, b,
+/// a), so that a linear drift of the servers charges each alike.
+async fn mirrored(runs: [(usize, &Op); 3]) -> [Figures; 3] {
+    let mut first = Vec::with_capacity(3);
+    for (k, op) in runs {
+        first.push(measure(k, op).await);
     }
+    let mut second = Vec::with_capacity(3);
+    for (k, op) in runs.into_iter().rev() {
+        second.push(measure(k, op).await);
+    }
+    second.reverse();
+    let mut halves = first
+        .into_iter()
+        .zip(second)
+        .map(|(a, b)| a.and(b).figures());
+    let mut next = || halves.next().unwrap();
+    [next(), next(), next()]
 }
 
 pub async fn run(servers: &Servers) {

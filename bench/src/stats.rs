@@ -36,12 +36,28 @@ pub fn cpu_time() -> Duration {
 /// server's connections are its children): `pid`'s own and reaped children's times, and each
 /// child's still in `/proc`.
 pub fn tree_cpu_time(pid: u32) -> Duration {
-    let own = ticks(
-        &std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default(),
-        4,
-    );
+    let read = || std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let mut total = Duration::ZERO;
+    // A child reaped during the scan would be counted twice (scanned, then in `pid`'s reaped
+    // times) or not at all: take the reading only when `pid`'s reaped times are the same before
+    // and after the scan, so that no child was reaped in between.
+    for _ in 0..10 {
+        let before = read();
+        let children = children_cpu_time(pid);
+        let after = read();
+        let reaped = |stat: &str| ticks(stat, 4).saturating_sub(ticks(stat, 2));
+        total = ticks(&before, 4) + children;
+        if reaped(&before) == reaped(&after) {
+            break;
+        }
+    }
+    total
+}
+
+/// What every live child of `pid` has used, its own reaped children's included.
+fn children_cpu_time(pid: u32) -> Duration {
     let parent = pid.to_string();
-    let children = std::fs::read_dir("/proc")
+    std::fs::read_dir("/proc")
         .into_iter()
         .flatten()
         .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("stat")).ok())
@@ -52,9 +68,8 @@ pub fn tree_cpu_time(pid: u32) -> Duration {
                 .and_then(|f| f.split_whitespace().nth(1))
                 == Some(&parent)
         })
-        .map(|stat| ticks(&stat, 2))
-        .sum::<Duration>();
-    own + children
+        .map(|stat| ticks(&stat, 4))
+        .sum()
 }
 
 /// The first `n` of utime, stime, cutime, cstime in a `/proc/<pid>/stat` line, added.
