@@ -90,11 +90,11 @@ impl PgFenceStore {
         &self.fence
     }
 
-    async fn read(&self, client: &Object, lock: &str, share: bool) -> Result<Option<FencingToken>> {
+    /// The lock's mark, its row locked `FOR SHARE` (until the transaction ends).
+    async fn read_shared(&self, client: &Object, lock: &str) -> Result<Option<FencingToken>> {
         let sql = format!(
-            "SELECT token FROM {} WHERE lock = $1{}",
-            self.fence.table(),
-            if share { " FOR SHARE" } else { "" }
+            "SELECT token FROM {} WHERE lock = $1 FOR SHARE",
+            self.fence.table()
         );
         // Typed parameters: one round trip, no prepare.
         let row = client
@@ -141,26 +141,31 @@ impl FenceStore for PgFenceStore {
             open: false,
         };
         for _ in 0..ATTEMPTS {
-            match self.read(hold.client()?, lock, false).await? {
-                Some(highest) if highest > token => return Err(stale(lock, token, highest)),
-                Some(highest) if highest == token => {}
-                _ => self.raise(hold.client()?, lock, token).await?,
-            }
+            // BEGIN and the locking read sent together, one round trip: the held token, the
+            // common case, is admitted by it. (Were BEGIN refused, the read would run alone
+            // and its lock end with it; the error returns, and the connection is rolled back
+            // or closed.)
             hold.open = true;
-            hold.client()?
-                .batch_execute("BEGIN")
-                .await
-                .map_err(|e| pg_error("begin the admission", e))?;
-            match self.read(hold.client()?, lock, true).await? {
+            let client = hold.client()?;
+            let (begun, held) = tokio::join!(
+                client.batch_execute("BEGIN"),
+                self.read_shared(client, lock)
+            );
+            begun.map_err(|e| pg_error("begin the admission", e))?;
+            match held? {
                 Some(held) if held == token => return Ok(Admission::new(lock, token, hold)),
+                // Rolled back when `hold` drops.
                 Some(held) if held > token => return Err(stale(lock, token, held)),
-                // Reset (or never raised) between the steps: start again.
+                // A newer token (or the row's first): raise outside the transaction, then
+                // read again. The share lock just taken is released first, so the raise never
+                // waits for this request.
                 _ => {
-                    hold.client()?
+                    client
                         .batch_execute("ROLLBACK")
                         .await
                         .map_err(|e| pg_error("roll back the admission", e))?;
                     hold.open = false;
+                    self.raise(hold.client()?, lock, token).await?;
                 }
             }
         }
