@@ -75,10 +75,12 @@ async fn writes(
     let admission = fence.prepare(&*client).await.unwrap();
     let one = client.prepare("SELECT 1").await.unwrap();
     let row_lock = client
-        .prepare("SELECT token FROM bench_fence WHERE lock = 'bench' AND token = 7 FOR SHARE")
+        .prepare(&format!(
+            "SELECT token FROM {} WHERE lock = 'bench' AND token = 7 FOR SHARE",
+            fence.table()
+        ))
         .await
         .unwrap();
-
     if let Some(start) = start {
         start.wait().await;
     }
@@ -96,17 +98,16 @@ async fn writes(
         let token = FencingToken::new(7);
         let updated = match guard {
             Guard::Plain => update.await,
-            Guard::Floor => {
-                let (selected, updated) = tokio::join!(tx.query_one(&one, &[]), update);
+            Guard::Floor | Guard::RowLock => {
+                let beside = if guard == Guard::Floor {
+                    &one
+                } else {
+                    &row_lock
+                };
+                let (selected, updated) = tokio::join!(tx.query_one(beside, &[]), update);
                 selected.unwrap();
                 updated
             }
-            Guard::RowLock => {
-                let (selected, updated) = tokio::join!(tx.query_one(&row_lock, &[]), update);
-                selected.unwrap();
-                updated
-            }
-
             Guard::Admit if prepared => {
                 admission.admit(&tx, "bench", token).await.unwrap();
                 update.await
@@ -135,6 +136,14 @@ struct Took {
     elapsed: Duration,
     client: Duration,
     server: Duration,
+}
+
+impl Took {
+    fn add(&mut self, block: Took) {
+        self.elapsed += block.elapsed;
+        self.client += block.client;
+        self.server += block.server;
+    }
 }
 
 /// `TASKS` connections writing their own rows at once, `BLOCK_WRITES` in all; what that took
@@ -267,10 +276,7 @@ pub async fn run() {
     let blocks = blocks();
     for _ in 0..blocks {
         for (i, (guard, _)) in guards.iter().enumerate() {
-            let block = concurrent(&pg, *guard).await;
-            took[i].elapsed += block.elapsed;
-            took[i].client += block.client;
-            took[i].server += block.server;
+            took[i].add(concurrent(&pg, *guard).await);
         }
     }
     let writes = (blocks * BLOCK_WRITES) as f64;

@@ -192,8 +192,7 @@ async fn mirrored(runs: [(usize, &Op); 3]) -> [Figures; 3] {
         .into_iter()
         .zip(second)
         .map(|(a, b)| a.and(b).figures());
-    let mut next = || halves.next().unwrap();
-    [next(), next(), next()]
+    std::array::from_fn(|_| halves.next().unwrap())
 }
 
 pub async fn run(servers: &Servers) {
