@@ -2,6 +2,7 @@
 //! every request the etcd lock sends is built here. The crate docs describe the protocol and
 //! its request counts, once; the comments here say why each step is as it is.
 
+use std::fmt::Write as _;
 use std::time::Duration;
 
 use etcd_client::{
@@ -426,7 +427,11 @@ fn revision(resp: &TxnResponse, what: &str) -> Result<i64> {
 /// encoded once per backend). Go's Mutex and etcdctl ignore the value; the key's put carries
 /// it, so it costs no request.
 pub(crate) fn attempt_value(owner: &str) -> String {
-    format!("{}-{:016x} {}", unix_millis(), nonce(), owner)
+    // Sized up front: the owner is long, and `format!` grew its buffer several times.
+    let mut value = String::with_capacity(owner.len() + 64);
+    // Writing to a String cannot fail.
+    let _ = write!(value, "{}-{:016x} {}", unix_millis(), nonce(), owner);
+    value
 }
 
 /// A number no other attempt of this process (or, with overwhelming odds, any other) draws.

@@ -177,7 +177,7 @@ impl ZkBackend {
             ),
             Entry::Candidate(_) | Entry::Rw(_) => None,
         };
-        let id = uuid::Uuid::new_v4().to_string();
+        let id = crate::paths::attempt_id();
         let create = {
             let (client, paths, name, id, data, acls) = (
                 session.client.clone(),
@@ -274,7 +274,7 @@ impl ZkBackend {
         let session = self.session().await?;
         let limit = self.config.request_timeout;
         session.withdrawals.settled(name, limit).await;
-        let id = uuid::Uuid::new_v4().to_string();
+        let id = crate::paths::attempt_id();
         let (gate_dir, leases_dir) = (self.paths.gate_dir(name), self.paths.leases_dir(name));
         let create = |dir: &str, recipe| {
             let (client, dir, id, data, acls) = (
@@ -442,7 +442,7 @@ impl LockBackend for ZkBackend {
         let Some(first) = children.first() else {
             return Ok(None);
         };
-        let path = format!("{dir}/{first}");
+        let path = [dir.as_str(), "/", first.as_str()].concat();
         let stat = match session.client.check_stat(&path).await {
             Ok(Some(stat)) => stat,
             Ok(None) => return Ok(None),

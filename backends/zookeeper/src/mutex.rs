@@ -16,6 +16,7 @@
 //! whose nodes are `_c_<uuid>-__READ__<seq>` and `_c_<uuid>-__WRIT__<seq>`: a writer is granted
 //! as a lock's contender (first of all), a reader when no writer is ahead of it.
 
+use std::fmt::Write as _;
 use std::time::Duration;
 
 use fencelock::raw::{Budget, Live, Withdraw};
@@ -51,7 +52,7 @@ pub(crate) async fn create(
     acls: Acls<'static>,
     limit: Duration,
 ) -> Result<Node> {
-    let prefix = format!("{dir}/{}", node_tag(id, recipe));
+    let prefix = [dir, "/", &node_tag(id, recipe)].concat();
     // A few passes: a missing parent, or a container the server removed in between, or a lost
     // reply, each costs one more.
     for _ in 0..5 {
@@ -66,7 +67,12 @@ pub(crate) async fn create(
         .await;
         match created {
             Ok(Ok((stat, sequence))) => {
-                let mut path = format!("{prefix}{sequence}");
+                // Sized up front (ten digits, as the server writes them, or a sign and ten): a
+                // `format!` here grew its buffer several times.
+                let mut path = String::with_capacity(prefix.len() + 11);
+                path.push_str(&prefix);
+                // Writing to a String cannot fail.
+                let _ = write!(path, "{sequence}");
                 path.shrink_to_fit(); // kept as long as the lock is held
                 return Ok(Node {
                     path,
@@ -135,7 +141,7 @@ async fn find(client: &Client, dir: &str, tag: &str, limit: Duration) -> Result<
     };
     let mut ours = Vec::new();
     for child in children.into_iter().filter(|c| c.starts_with(tag)) {
-        let path = format!("{dir}/{child}");
+        let path = [dir, "/", &child].concat();
         let stat = tokio::time::timeout(limit, client.check_stat(&path)).await;
         match stat {
             Ok(Ok(Some(stat))) if stat.ephemeral_owner == client.session_id().0 => {
@@ -243,7 +249,7 @@ pub(crate) async fn wait_turn(
         if try_once {
             return Err(Error::would_block(name));
         }
-        let predecessor = format!("{dir}/{blocker}");
+        let predecessor = [dir, "/", blocker.as_ref()].concat();
         // Bounded by the request limit and by `lost` (review F11): a request made while
         // disconnected waits inside the client until it reconnects.
         let watched = tokio::select! {
@@ -403,7 +409,7 @@ impl Withdraw<Node> for Unqueue {
                     Ok(Ok(children)) => children
                         .into_iter()
                         .filter(|c| c.starts_with(&tag))
-                        .map(|c| format!("{}/{c}", self.dir))
+                        .map(|c| [&*self.dir, "/", &c].concat())
                         .collect(),
                     Ok(Err(zookeeper_client::Error::NoNode)) => Vec::new(),
                     Ok(Err(e)) => return Err(zk_error("look for a cancelled acquire's node", e)),
