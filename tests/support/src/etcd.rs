@@ -117,7 +117,7 @@ impl EtcdCluster {
                     name,
                     client_port,
                     peer_port,
-                    server: Server::spawn("etcd", args, &member_dir),
+                    server: Server::spawn("etcd", args, &member_dir, &dir),
                 }
             })
             .collect();

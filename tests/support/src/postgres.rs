@@ -123,7 +123,7 @@ impl PgServer {
         .map(|s| s.to_string())
         .collect();
         let (program, args) = as_server_user(&bin("postgres"), &server_args);
-        let server = Server::spawn(&program, args, &dir.join("log"));
+        let server = Server::spawn(&program, args, &dir, &dir);
         let mut pg = PgServer { port, dir, server };
         pg.wait_ready();
         pg

@@ -144,7 +144,7 @@ impl ZkEnsemble {
                 ZkMember {
                     id,
                     client_port,
-                    server: Server::spawn("java", args, &member_dir),
+                    server: Server::spawn("java", args, &member_dir, &dir),
                 }
             })
             .collect();
