@@ -1,7 +1,7 @@
 //! For backend authors: cancelled acquires being withdrawn in the background
 //! ([`Enqueued`](crate::raw::Enqueued) counts them here).
 
-use foldhash::HashMap;
+use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -17,7 +17,6 @@ use crate::{Error, LockName, Result};
 /// try, report the lock as held by someone else.
 #[derive(Debug, Default)]
 pub struct Withdrawals {
-    /// foldhash, seeded at random as std's SipHash is, at a fraction of its cost per acquire.
     names: Mutex<HashMap<LockName, watch::Sender<usize>>>,
 }
 

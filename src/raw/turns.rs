@@ -1,6 +1,6 @@
 //! [`LocalTurns`]: the tasks of one session take turns per lock name before touching the store.
 
-use foldhash::HashMap;
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use tokio::sync::{Mutex as AsyncMutex, OwnedMutexGuard};
@@ -40,7 +40,6 @@ pub struct LocalTurns {
 
 #[derive(Debug, Default)]
 struct Queues {
-    /// foldhash, seeded at random as std's SipHash is, at a fraction of its cost per acquire.
     by_name: HashMap<LockName, Weak<AsyncMutex<()>>>,
     /// Names no task waits on are swept out when the map reaches this size (then twice what
     /// is left): amortised, where a sweep at every new name made taking many names quadratic.

@@ -67,9 +67,9 @@ pub(crate) async fn create(
         .await;
         match created {
             Ok(Ok((stat, sequence))) => {
-                // Sized up front (ten digits, as the server writes them, or a sign and ten): a
-                // `format!` here grew its buffer several times.
-                let mut path = String::with_capacity(prefix.len() + 11);
+                // Sized up front (the client writes the sequence as `{:010}`): a `format!` here
+                // grew its buffer several times.
+                let mut path = String::with_capacity(prefix.len() + 10);
                 path.push_str(&prefix);
                 // Writing to a String cannot fail.
                 let _ = write!(path, "{sequence}");

@@ -26,8 +26,8 @@ pub(crate) struct ZkSession {
     pub(crate) client: Client,
     pub(crate) clock: Arc<LeaseClock>,
     /// Held lock nodes and the trigger of each guard's `lost`, re-checked after a reconnect.
-    /// foldhash, seeded at random as std's SipHash is, at a fraction of its cost: a node's path
-    /// (about 90 bytes) is hashed twice per acquire.
+    /// foldhash, at a fraction of SipHash's cost: a node's path (about 90 bytes) is hashed twice
+    /// per acquire. Our own paths, so no key here is chosen by anyone else.
     held: Mutex<HashMap<Arc<str>, CancellationToken>>,
     tasks: Mutex<Vec<JoinHandle<()>>>,
     /// Granted nodes, for the task that watches them (`own_nodes`).

@@ -2,8 +2,9 @@
 //!
 //! Servers keep their data and logs under [`tmp_root`] (`$FENCELOCK_TEST_TMP` when set, which
 //! `scripts/test` reaps afterwards). Each server has a watchdog that kills it when the test
-//! process exits, so a server shared through a `static` never outlives its test binary. A
-//! server that fails to start panics with its log.
+//! process exits, so a server shared through a `static` never outlives its test binary, and
+//! then deletes its folder (kept when `FENCELOCK_TEST_KEEP` is set). A server that fails to
+//! start panics with its log.
 #![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test support: a panic is the report
 

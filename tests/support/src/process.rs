@@ -63,7 +63,7 @@ pub fn unique(base: &str) -> String {
 }
 
 /// A server process with its log file, killed on drop and by a watchdog when the test exits;
-/// the watchdog then deletes the server's folder.
+/// the watchdog then deletes the server's folder (see [`watchdog`]).
 #[derive(Debug)]
 pub(crate) struct Server {
     pub(crate) child: Option<Child>,
@@ -169,13 +169,22 @@ impl Drop for Server {
 }
 
 /// Kills `pid` once this test process is gone (checked every second, for at most an hour),
-/// then deletes `reap` if the test process is gone by then. The server's log is in the panic
-/// of a test that failed on it; the folder is of no use after the process.
+/// then deletes `reap` if the test process is gone by then, unless `FENCELOCK_TEST_KEEP` is
+/// set (to read the servers' logs after a failure: only a server that fails to start, or a
+/// test that asks for them, puts its log in the panic). The 2 s pause lets the watchdogs of
+/// the other members of a cluster, which look at other moments, kill theirs before the
+/// folder they share goes.
 fn watchdog(pid: u32, reap: &Path) {
+    let me = std::process::id();
+    let keep = std::env::var_os("FENCELOCK_TEST_KEEP").is_some_and(|v| !v.is_empty());
+    let reap_step = if keep {
+        String::new()
+    } else {
+        format!("; sleep 2; kill -0 {me} 2>/dev/null || rm -rf -- \"$1\"")
+    };
     let script = format!(
         "i=0; while kill -0 {me} 2>/dev/null && [ $i -lt 3600 ]; do sleep 1; i=$((i+1)); done; \
-         kill -9 {pid} 2>/dev/null; sleep 1; kill -0 {me} 2>/dev/null || rm -rf \"$1\"",
-        me = std::process::id()
+         kill -9 {pid} 2>/dev/null{reap_step}"
     );
     let _ = Command::new("sh")
         .args(["-c", &script, "watchdog"])

@@ -6,19 +6,25 @@
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use fencelock_testsupport::EtcdCluster;
+use fencelock_testsupport::{tmp_root, unique, EtcdCluster};
 
 const CHILD: &str = "FENCELOCK_REAP_CHILD";
 
 #[test]
 fn a_server_folder_is_deleted_once_its_test_process_is_gone() {
     if std::env::var_os(CHILD).is_some() {
-        // The child: a server that is never dropped, as a `static` is not.
+        // The child: a server that is never dropped, as a `static` is not, whose folder must
+        // stay while the process lives (past the watchdog's first looks).
         let cluster = EtcdCluster::start(1);
+        std::thread::sleep(Duration::from_secs(3));
+        assert!(cluster.dir.exists(), "deleted while its process lives");
         println!("folder={}", cluster.dir.display());
         std::mem::forget(cluster);
         return;
     }
+    // Not the server's: must survive its reaping.
+    let bystander = tmp_root().join(unique("reap-bystander"));
+    std::fs::create_dir_all(&bystander).unwrap();
     let out = Command::new(std::env::current_exe().unwrap())
         .args([
             "--exact",
@@ -30,7 +36,11 @@ fn a_server_folder_is_deleted_once_its_test_process_is_gone() {
         .output()
         .expect("run the child test process");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "the child failed: {stdout}");
+    assert!(
+        out.status.success(),
+        "the child failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let folder = stdout
         .lines()
         .find_map(|l| l.split_once("folder=").map(|(_, folder)| folder))
@@ -47,4 +57,6 @@ fn a_server_folder_is_deleted_once_its_test_process_is_gone() {
         folder.display(),
         started.elapsed()
     );
+    assert!(bystander.exists(), "a folder not the server's was deleted");
+    std::fs::remove_dir_all(&bystander).unwrap();
 }
