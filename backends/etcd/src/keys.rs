@@ -38,9 +38,13 @@ impl Keys {
 
     /// The range every contender of `name` scans: `P N /`.
     pub(crate) fn lock_prefix(&self, name: &LockName) -> String {
-        // `concat` allocates once; `format!` grows its buffer several times per key, built on
-        // every acquire (callgrind, `bench/cpu-profile`).
-        [&*self.prefix, name.as_str(), "/"].concat()
+        self.under(name, "/")
+    }
+
+    /// `P N` followed by `tail`, in one allocation: `format!` grows its buffer several times
+    /// per key, built on every acquire (callgrind, `bench/cpu-profile`).
+    fn under(&self, name: &LockName, tail: &str) -> String {
+        [&*self.prefix, name.as_str(), tail].concat()
     }
 
     /// Where the lock `name`'s queue lives, for this session.
@@ -55,7 +59,7 @@ impl Keys {
 
     /// Where the semaphore `name`'s gate lives, for this session: a Go Mutex at `P N /locks/`.
     pub(crate) fn gate_queue(&self, name: &LockName, lease: i64) -> QueueAt {
-        let prefix = [&*self.prefix, name.as_str(), "/locks/"].concat();
+        let prefix = self.under(name, "/locks/");
         QueueAt {
             key: lease_key(&prefix, lease),
             prefix,

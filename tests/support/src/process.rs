@@ -75,10 +75,8 @@ pub(crate) struct Server {
 
 impl Server {
     /// Starts `program` with its log in `dir`; `reap` (`dir` or a folder holding it) is
-    /// deleted once the test process is gone. Until December 2026 nothing deleted it outside
-    /// `scripts/test`, which reaps its own folder: every `cargo test` and bench run left its
-    /// servers' data behind (an etcd member about 123 MB), and runs here had filled the disk
-    /// with 57 GB of it.
+    /// deleted once the test process is gone: outside `scripts/test`, which deletes its own
+    /// folder, nothing else would, and an etcd member's data is about 123 MB.
     pub(crate) fn spawn(program: &str, args: Vec<String>, dir: &Path, reap: &Path) -> Server {
         std::fs::create_dir_all(dir).expect("create the server folder");
         let mut server = Server {

@@ -46,7 +46,7 @@ fn a_server_folder_is_deleted_once_its_test_process_is_gone() {
         .find_map(|l| l.split_once("folder=").map(|(_, folder)| folder))
         .map(std::path::PathBuf::from)
         .unwrap_or_else(|| panic!("the child printed no folder: {stdout}"));
-    // The watchdog looks once a second, kills the server, waits a second and deletes.
+    // The watchdog looks once a second, kills the server, waits 2 s and deletes.
     let started = Instant::now();
     while folder.exists() && started.elapsed() < Duration::from_secs(20) {
         std::thread::sleep(Duration::from_millis(100));
