@@ -1,10 +1,14 @@
 //! Uncontended acquire + release, against the same requests sent raw and against the peer
 //! clients' own locks.
 //!
-//! The three run interleaved, round by round, with the first of each round rotating, after a
+//! The three run interleaved, round by round, in an order shuffled each round, after a
 //! warm-up: a first version ran them one after the other and charged fencelock, which ran first,
 //! with the servers' own warm-up (ZooKeeper's JIT above all), which made it look 1.8x slower than
-//! the raw requests when it was not.
+//! the raw requests when it was not. A second rotated the first of each round, which put the
+//! raw requests behind fencelock in two rounds of three and the peer in one: whatever an op
+//! leaves running (fencelock's own-entry watch, the peer's background delete) landed on one
+//! client more than the others. Shuffled, each op follows each other one equally often on
+//! average.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -28,39 +32,111 @@ fn fencelock_op(backend: &dyn LockBackend) -> Op<'_> {
     Box::new(move || {
         Box::pin(async move {
             let guard = backend.lock("lat").await.unwrap();
+            granted();
             let _ = guard.release().await.unwrap();
         })
     })
 }
 
-/// p50 and p99 of each op, run round-robin (shared with `semaphore`).
-pub async fn interleaved(mut ops: Vec<Op<'_>>) -> Vec<(Duration, Duration)> {
+/// p50 and p99 of each op, every op once per round, in an order shuffled each round (shared
+/// with `semaphore`).
+pub async fn interleaved(ops: Vec<Op<'_>>) -> Vec<(Duration, Duration)> {
+    let figures = interleaved_split(ops).await;
+    figures.into_iter().map(|f| (f.p50, f.p99)).collect()
+}
+
+/// When the running op was granted (set by [`granted`]): splits each op into its acquire and
+/// its release. The ops run one at a time, so one mark serves them all.
+static GRANTED: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
+
+/// Marks the grant of the op running now (the raw and peer ops, shared with `many`, take it
+/// as an argument: `many`'s tasks run at once and pass [`unmarked`]).
+fn granted() {
+    *GRANTED.lock().unwrap() = Some(Instant::now());
+}
+
+/// A fixed-seed xorshift shuffle: the same orders in every run.
+struct Shuffle(u64);
+
+impl Shuffle {
+    fn apply(&mut self, order: &mut [usize]) {
+        for i in (1..order.len()).rev() {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            order.swap(i, (self.0 % (i as u64 + 1)) as usize);
+        }
+    }
+}
+
+/// No mark: for ops that run several at once.
+pub fn unmarked() {}
+
+/// One op's figures: p50 and p99 of the whole, and p50 of its acquire (up to the grant) and
+/// of its release (from the grant) when it marked its grant.
+struct Figures {
+    p50: Duration,
+    p99: Duration,
+    halves: Option<(Duration, Duration)>,
+}
+
+async fn interleaved_split(mut ops: Vec<Op<'_>>) -> Vec<Figures> {
     let count = ops.len();
     let mut samples = vec![Vec::with_capacity(ROUNDS); count];
+    let mut halves = vec![(Vec::with_capacity(ROUNDS), Vec::with_capacity(ROUNDS)); count];
+    let mut order: Vec<usize> = (0..count).collect();
+    let mut shuffle = Shuffle(0x9e37_79b9_7f4a_7c15);
     for round in 0..WARMUP + ROUNDS {
-        for j in 0..count {
-            let i = (round + j) % count;
+        shuffle.apply(&mut order);
+        for &i in &order {
+            *GRANTED.lock().unwrap() = None;
             let start = Instant::now();
             ops[i]().await;
+            let end = Instant::now();
             if round >= WARMUP {
-                samples[i].push(start.elapsed());
+                samples[i].push(end - start);
+                if let Some(at) = *GRANTED.lock().unwrap() {
+                    halves[i].0.push(at - start);
+                    halves[i].1.push(end - at);
+                }
             }
         }
     }
-    samples.iter_mut().map(|s| percentiles(s)).collect()
+    samples
+        .iter_mut()
+        .zip(&mut halves)
+        .map(|(s, (acquire, release))| {
+            let (p50, p99) = percentiles(s);
+            let halves = (acquire.len() == s.len())
+                .then(|| (percentiles(acquire).0, percentiles(release).0));
+            Figures { p50, p99, halves }
+        })
+        .collect()
 }
 
-fn rows(label: &str, what: [&str; 3], figures: &[(Duration, Duration)]) {
-    let (raw, peer) = (figures[1].0, figures[2].0);
-    for (what, (p50, p99)) in what.iter().zip(figures) {
+fn rows(label: &str, what: [&str; 3], figures: &[Figures]) {
+    let (raw, peer) = (&figures[1], &figures[2]);
+    let half = |f: &Figures, i: usize| -> Option<Duration> {
+        f.halves.map(|h| if i == 0 { h.0 } else { h.1 })
+    };
+    for (what, f) in what.iter().zip(figures) {
+        let [acquire, release] = [0, 1].map(|i| match (half(f, i), half(raw, i)) {
+            (Some(ours), Some(limit)) => format!("{:.0} µs ({})", us(ours), ratio(ours, limit)),
+            (Some(ours), None) => format!("{:.0} µs", us(ours)),
+            _ => "-".into(),
+        });
         println!(
-            "| {label} | {what} | {} | {} | {} | {} |",
-            ms(*p50),
-            ms(*p99),
-            ratio(*p50, raw),
-            ratio(*p50, peer)
+            "| {label} | {what} | {} | {} | {acquire} | {release} | {} | {} |",
+            ms(f.p50),
+            ms(f.p99),
+            ratio(f.p50, raw.p50),
+            ratio(f.p50, peer.p50)
         );
     }
+}
+
+fn us(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e6
 }
 
 pub async fn run(servers: &Servers) {
@@ -69,7 +145,7 @@ pub async fn run(servers: &Servers) {
         servers.member0()
     );
     println!(
-        "| setup | client | p50 | p99 | p50 / raw limit | p50 / peer |\n|---|---|---|---|---|---|"
+        "| setup | client | p50 | p99 | acquire p50 (/ raw) | release p50 (/ raw) | p50 / raw limit | p50 / peer |\n|---|---|---|---|---|---|---|---|"
     );
     etcd(servers).await;
     zookeeper(servers).await;
@@ -77,7 +153,7 @@ pub async fn run(servers: &Servers) {
 
 async fn etcd(servers: &Servers) {
     let clients = EtcdClients::start(servers).await;
-    let figures = interleaved(clients.ops()).await;
+    let figures = interleaved_split(clients.ops()).await;
     rows(
         &servers.label("etcd"),
         [
@@ -91,7 +167,7 @@ async fn etcd(servers: &Servers) {
 
 async fn zookeeper(servers: &Servers) {
     let clients = ZkClients::start(servers).await;
-    let figures = interleaved(clients.ops()).await;
+    let figures = interleaved_split(clients.ops()).await;
     rows(
         &servers.label("zookeeper"),
         [
@@ -139,13 +215,13 @@ impl EtcdClients {
         let raw: Op = Box::new(move || {
             Box::pin(async move {
                 let mut client = self.client.lock().await;
-                etcd_raw(&mut client, &self.raw_key, lease).await;
+                etcd_raw(&mut client, &self.raw_key, lease, granted).await;
             })
         });
         let peer: Op = Box::new(move || {
             Box::pin(async move {
                 let mut client = self.client.lock().await;
-                etcd_peer(&mut client, self.peer_name.clone(), lease).await;
+                etcd_peer(&mut client, self.peer_name.clone(), lease, granted).await;
             })
         });
         vec![fencelock_op(&self.backend), raw, peer]
@@ -182,15 +258,15 @@ impl ZkClients {
 
     /// fencelock, raw, peer.
     pub fn ops(&self) -> Vec<Op<'_>> {
-        let raw: Op = Box::new(move || Box::pin(zk_raw(&self.zk, &self.dir)));
-        let peer: Op = Box::new(move || Box::pin(zk_peer(&self.zk, &self.peer_dir)));
+        let raw: Op = Box::new(move || Box::pin(zk_raw(&self.zk, &self.dir, granted)));
+        let peer: Op = Box::new(move || Box::pin(zk_peer(&self.zk, &self.peer_dir, granted)));
         vec![fencelock_op(&self.backend), raw, peer]
     }
 }
 
 /// The raw etcd lock (shared with `many`): a put of `key` under `lease` if it is absent, then a
-/// delete of that very key (compared on its create revision).
-pub async fn etcd_raw(client: &mut etcd_client::Client, key: &str, lease: i64) {
+/// delete of that very key (compared on its create revision); `granted` between the two.
+pub async fn etcd_raw(client: &mut etcd_client::Client, key: &str, lease: i64, granted: fn()) {
     let put = Txn::new()
         .when([Compare::create_revision(key, CompareOp::Equal, 0)])
         .and_then([TxnOp::put(
@@ -199,6 +275,7 @@ pub async fn etcd_raw(client: &mut etcd_client::Client, key: &str, lease: i64) {
             Some(PutOptions::new().with_lease(lease)),
         )]);
     let rev = client.txn(put).await.unwrap().header().unwrap().revision();
+    granted();
     let delete = Txn::new()
         .when([Compare::create_revision(key, CompareOp::Equal, rev)])
         .and_then([TxnOp::delete(key, None)]);
@@ -206,29 +283,33 @@ pub async fn etcd_raw(client: &mut etcd_client::Client, key: &str, lease: i64) {
 }
 
 /// The etcd peer (shared with `many`): etcd-client's lock RPC on `name` under `lease`, then
-/// unlock.
-pub async fn etcd_peer(client: &mut etcd_client::Client, name: String, lease: i64) {
+/// unlock; `granted` between the two.
+pub async fn etcd_peer(client: &mut etcd_client::Client, name: String, lease: i64, granted: fn()) {
     let options = LockOptions::new().with_lease(lease);
     let locked = client.lock(name, Some(options)).await.unwrap();
+    granted();
     client.unlock(locked.key().to_vec()).await.unwrap();
 }
 
 /// The raw ZooKeeper lock (shared with `many`): a sequential node in `dir`, the listing that
-/// finds it first, its delete.
-pub async fn zk_raw(zk: &zookeeper_client::Client, dir: &str) {
+/// finds it first, its delete; `granted` before the delete.
+pub async fn zk_raw(zk: &zookeeper_client::Client, dir: &str, granted: fn()) {
     let mode = CreateMode::EphemeralSequential.with_acls(Acls::anyone_all());
     let (_, seq) = zk.create(&format!("{dir}/n-"), b"", &mode).await.unwrap();
     zk.list_children(dir).await.unwrap();
+    granted();
     zk.delete(&format!("{dir}/n-{seq}"), None).await.unwrap();
 }
 
-/// The ZooKeeper peer (shared with `many`): zookeeper-client's `Client::lock` in `dir`.
-pub async fn zk_peer(zk: &zookeeper_client::Client, dir: &str) {
+/// The ZooKeeper peer (shared with `many`): zookeeper-client's `Client::lock` in `dir`, then
+/// the delete of its node; `granted` between the two.
+pub async fn zk_peer(zk: &zookeeper_client::Client, dir: &str, granted: fn()) {
     let options = ZkLockOptions::new(Acls::anyone_all())
         .with_ancestor_options(CreateMode::Persistent.with_acls(Acls::anyone_all()))
         .unwrap();
     let prefix = LockPrefix::new_curator(dir, "lock-").unwrap();
     let lock = zk.lock(prefix, b"", options).await.unwrap();
+    granted();
     // Its drop deletes in the background; delete here to time a synchronous release.
     zk.delete(lock.lock_path(), None).await.unwrap();
 }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use fencelock::{LockBackend, LockBackendExt};
 use zookeeper_client::{Acls, CreateMode};
 
-use crate::latency::{etcd_peer, etcd_raw, zk_peer, zk_raw};
+use crate::latency::{etcd_peer, etcd_raw, unmarked, zk_peer, zk_raw};
 use crate::servers::Servers;
 use crate::stats::{cpu_time, ms, percentiles};
 
@@ -247,14 +247,14 @@ async fn etcd(servers: &Servers) {
         let (client, prefix) = (client.clone(), prefix.clone());
         Arc::new(move |i| {
             let (mut client, key) = (client.clone(), format!("{prefix}raw{i}/{lease:x}"));
-            Box::pin(async move { etcd_raw(&mut client, &key, lease).await })
+            Box::pin(async move { etcd_raw(&mut client, &key, lease, unmarked).await })
         })
     };
     let peer: Op = {
         let (client, prefix) = (client.clone(), prefix.clone());
         Arc::new(move |i| {
             let (mut client, name) = (client.clone(), format!("{prefix}peer{i}"));
-            Box::pin(async move { etcd_peer(&mut client, name, lease).await })
+            Box::pin(async move { etcd_peer(&mut client, name, lease, unmarked).await })
         })
     };
     // One name: each peer task needs a lease of its own (the lock RPC's key is the name plus
@@ -267,7 +267,7 @@ async fn etcd(servers: &Servers) {
         let (client, name) = (client.clone(), format!("{prefix}peer-one"));
         Arc::new(move |i| {
             let (mut client, name, lease) = (client.clone(), name.clone(), leases[i]);
-            Box::pin(async move { etcd_peer(&mut client, name, lease).await })
+            Box::pin(async move { etcd_peer(&mut client, name, lease, unmarked).await })
         })
     };
     table(&servers.label("etcd"), ours, raw, peer, ours_one, peer_one).await;
@@ -290,21 +290,21 @@ async fn zookeeper(servers: &Servers) {
         let (zk, base) = (zk.clone(), base.clone());
         Arc::new(move |i| {
             let (zk, dir) = (zk.clone(), format!("{base}/raw{i}"));
-            Box::pin(async move { zk_raw(&zk, &dir).await })
+            Box::pin(async move { zk_raw(&zk, &dir, unmarked).await })
         })
     };
     let peer: Op = {
         let (zk, base) = (zk.clone(), base.clone());
         Arc::new(move |i| {
             let (zk, dir) = (zk.clone(), format!("{base}/peer{i}"));
-            Box::pin(async move { zk_peer(&zk, &dir).await })
+            Box::pin(async move { zk_peer(&zk, &dir, unmarked).await })
         })
     };
     let peer_one: Op = {
         let (zk, dir) = (zk.clone(), format!("{base}/peer-one"));
         Arc::new(move |_| {
             let (zk, dir) = (zk.clone(), dir.clone());
-            Box::pin(async move { zk_peer(&zk, &dir).await })
+            Box::pin(async move { zk_peer(&zk, &dir, unmarked).await })
         })
     };
     table(
