@@ -201,17 +201,18 @@ impl ZkBackend {
             turn,
         };
         let mut pending = Enqueued::new(&session.withdrawals, name, create, unqueue);
-        let node = pending.reply().await?;
         let (dir, checkpoint) = (
             self.paths.lock_dir(name),
             self.paths.state(name, &StateKey::checkpoint()),
         );
+        let (node, early) =
+            mutex::created_then_read(&mut pending, &session.client, &dir, &checkpoint).await?;
         let checkpoint = mutex::wait_turn(
             &session,
             (&dir, &checkpoint),
             name,
             (node, recipe),
-            try_once,
+            (try_once, early),
             limit,
         )
         .await?;
@@ -300,14 +301,15 @@ impl ZkBackend {
             create(&gate_dir, Recipe::Mutex),
             unqueue(&gate_dir, Recipe::Mutex),
         );
-        let gate_node = gate.reply().await?;
         let checkpoint = self.paths.state(name, &StateKey::checkpoint());
+        let (gate_node, early) =
+            mutex::created_then_read(&mut gate, &session.client, &gate_dir, &checkpoint).await?;
         mutex::wait_turn(
             &session,
             (&gate_dir, &checkpoint),
             name,
             (gate_node, Recipe::Mutex),
-            try_once,
+            (try_once, early),
             limit,
         )
         .await?;

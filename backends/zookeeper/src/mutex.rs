@@ -7,19 +7,23 @@
 //!    reply is lost, find our node by its `_c_<uuid>` tag, adopting it only if its
 //!    `ephemeralOwner` is our session;
 //! 2. one multi-read: the children of `B/N` and the checkpoint; sort the children by what follows
-//!    the last `lock-`; first = ours means held;
+//!    the last `lock-`; first = ours means held. The first one is sent right behind the create,
+//!    without waiting for its reply, and used if it lists our node;
 //! 3. otherwise watch only the predecessor (`getData` with a watch) and go to 2 when it fires.
 //!
-//! Uncontended: one create and one multi-read. Release: one delete of our path with version 0.
+//! Uncontended: one create and one multi-read, in one round trip. Release: one delete of our
+//! path with version 0.
 //!
 //! A reader-writer lock (Curator's `InterProcessReadWriteLock`) is the same flow on one path
 //! whose nodes are `_c_<uuid>-__READ__<seq>` and `_c_<uuid>-__WRIT__<seq>`: a writer is granted
 //! as a lock's contender (first of all), a reader when no writer is ahead of it.
 
 use std::fmt::Write as _;
+use std::future::Future;
+use std::task::Poll;
 use std::time::Duration;
 
-use fencelock::raw::{Budget, Live, Withdraw};
+use fencelock::raw::{Budget, Enqueued, Live, Withdraw};
 use fencelock::{Error, LockName, Result};
 use zookeeper_client::{Acls, Client, CreateMode, MultiReadResult};
 
@@ -173,17 +177,21 @@ async fn find(client: &Client, dir: &str, tag: &str, limit: Duration) -> Result<
 
 /// Waits until no node ahead of ours blocks it (for a lock or a writer: until ours is first;
 /// for a reader: until no writer is ahead); returns the checkpoint read in the same request.
+///
+/// `early` is the first pass's read when it was sent right behind our create ([`turn_read`]);
+/// it is used only if it lists our node, the proof that ZooKeeper read it after the create.
 pub(crate) async fn wait_turn(
     session: &ZkSession,
     (dir, checkpoint): (&str, &str),
     name: &LockName,
     (node, recipe): (&Node, Recipe),
-    try_once: bool,
+    (try_once, early): (bool, Option<TurnRead<'_>>),
     limit: Duration,
 ) -> Result<Option<Vec<u8>>> {
     let client = &session.client;
     let lost = || Error::lost(name);
     let mut first_look = true;
+    let mut early = early;
     // Failed requests pause longer while they keep failing; a predecessor's change resets it.
     let mut backoff = fencelock::raw::Backoff::new();
     // Each pass ends in the grant, an error, or a wait for the predecessor's change; retries
@@ -192,15 +200,16 @@ pub(crate) async fn wait_turn(
         if !session.is_live() {
             return Err(lost());
         }
-        let read = {
-            let mut reader = client.new_multi_reader();
-            reader
-                .add_get_children(dir)
-                .map_err(|e| zk_error("list contenders", e))?;
-            reader
-                .add_get_data(checkpoint)
-                .map_err(|e| zk_error("read the checkpoint", e))?;
-            tokio::time::timeout(limit, reader.commit()).await
+        let early_results = match early.take() {
+            Some(read) => match tokio::time::timeout(limit, read).await {
+                Ok(Ok(results)) if lists(&results, node.child()) => Some(results),
+                _ => None, // read again, as if it had not been sent
+            },
+            None => None,
+        };
+        let read = match early_results {
+            Some(results) => Ok(Ok(results)),
+            None => tokio::time::timeout(limit, turn_read(client, dir, checkpoint)?).await,
         };
         let results = match read {
             Ok(Ok(results)) => results,
@@ -270,6 +279,58 @@ pub(crate) async fn wait_turn(
             Err(_) => pause_or_lost(&mut backoff, session, name).await?,
         }
     }
+}
+
+/// Our node, once `pending`'s create has answered, and the first read of [`wait_turn`] (the
+/// children of `dir` and the checkpoint), sent right behind the create instead of a round
+/// trip later: ZooKeeper answers a session's requests in order, so the read sees our node
+/// (`wait_turn` checks that it lists it before using it).
+pub(crate) async fn created_then_read<'a>(
+    pending: &'a mut Enqueued<Node, Unqueue>,
+    client: &'a Client,
+    dir: &str,
+    checkpoint: &str,
+) -> Result<(&'a Node, Option<TurnRead<'a>>)> {
+    let mut reply = std::pin::pin!(pending.reply());
+    // The first poll sends the create.
+    let first = futures::poll!(reply.as_mut());
+    let early = turn_read(client, dir, checkpoint).ok();
+    let node = match first {
+        Poll::Ready(node) => node,
+        Poll::Pending => reply.await,
+    };
+    Ok((node?, early))
+}
+
+/// The read of a pass of [`wait_turn`], sent by [`turn_read`].
+pub(crate) type TurnRead<'a> = std::pin::Pin<
+    Box<
+        dyn Future<Output = std::result::Result<Vec<MultiReadResult>, zookeeper_client::Error>>
+            + Send
+            + 'a,
+    >,
+>;
+
+/// Sends one pass's read (sent when this is called, not when the future is first polled): the
+/// children of `dir` and the checkpoint, in one multi-read.
+pub(crate) fn turn_read<'a>(
+    client: &'a Client,
+    dir: &str,
+    checkpoint: &str,
+) -> Result<TurnRead<'a>> {
+    let mut reader = client.new_multi_reader();
+    reader
+        .add_get_children(dir)
+        .map_err(|e| zk_error("list contenders", e))?;
+    reader
+        .add_get_data(checkpoint)
+        .map_err(|e| zk_error("read the checkpoint", e))?;
+    Ok(Box::pin(reader.commit()))
+}
+
+/// Whether a pass's read lists our node `child`.
+fn lists(results: &[MultiReadResult], child: &str) -> bool {
+    matches!(results.first(), Some(MultiReadResult::Children { children }) if children.iter().any(|c| c == child))
 }
 
 /// Where our node `ours` stands among `children` (in any order): how many are ahead of it,

@@ -643,3 +643,28 @@ async fn an_acquire_through_a_server_that_stops_answering_is_retried() {
     let guard = granted.unwrap_or_else(|e| panic!("the stalled server failed the acquire: {e:?}"));
     assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
 }
+
+/// Issue 20: an uncontended acquire sends the listing that grants it right behind its create,
+/// without waiting for the create's reply (ZooKeeper answers a session's requests in order), so
+/// both take one round trip. The proxy holds the server's replies from the create on: the
+/// listing must reach it while the create's reply is still held. (Before, the client sent it
+/// only after the reply: the hold ran out after 3 s and the listing came after it.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_first_listing_goes_out_behind_the_create() {
+    use fencelock_testsupport::zk_op;
+    let factory = common::ZkFactory::on(common::shared_standalone()).await;
+    let (backend, proxy) = framed_backend(&factory).await;
+    // The lock's directory exists after a first acquire; the second is the measured one.
+    let first = backend.lock("pipelined").await.unwrap();
+    assert_eq!(first.release().await.unwrap(), ReleaseOutcome::Released);
+    proxy.hold_replies_after(zk_op::CREATE2);
+    let guard = backend.lock("pipelined").await.unwrap();
+    let mut sent = proxy.sent_while_held();
+    sent.retain(|op| ![zk_op::SYNC, zk_op::PING].contains(op)); // the session's own probes
+    assert_eq!(
+        sent,
+        [zk_op::CREATE2, zk_op::MULTI_READ],
+        "the listing must be sent before the create's reply arrives"
+    );
+    assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+}

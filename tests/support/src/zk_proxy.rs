@@ -21,7 +21,16 @@ pub mod zk_op {
     pub const GET_CHILDREN2: i32 = 12;
     /// `create2` (with the new node's Stat).
     pub const CREATE2: i32 = 15;
+    /// `sync` (fencelock's session probe).
+    pub const SYNC: i32 = 9;
+    /// `ping`.
+    pub const PING: i32 = 11;
+    /// `multiRead`.
+    pub const MULTI_READ: i32 = 22;
 }
+
+/// How long [`ZkFrameProxy::hold_replies_after`] holds the replies at most.
+const HOLD_AT_MOST: std::time::Duration = std::time::Duration::from_secs(3);
 
 /// A proxy from a free loopback port to a ZooKeeper server, losing chosen replies.
 #[derive(Debug)]
@@ -31,9 +40,26 @@ pub struct ZkFrameProxy {
     /// Armed rules, in order: the request types of which the next one loses its reply, and
     /// whether the client then sees a reset instead of a close.
     rules: Rules,
+    hold: Arc<Hold>,
 }
 
 type Rules = Arc<Mutex<VecDeque<(Vec<i32>, bool)>>>;
+
+/// [`ZkFrameProxy::hold_replies_after`]'s state.
+#[derive(Debug, Default)]
+struct Hold {
+    state: Mutex<HoldState>,
+}
+
+#[derive(Debug, Default)]
+struct HoldState {
+    /// The request type whose next request starts a hold.
+    armed: Option<i32>,
+    /// Replies are being held.
+    holding: bool,
+    /// The requests the client sent while replies were held, in order.
+    sent_while_held: Vec<i32>,
+}
 
 impl ZkFrameProxy {
     /// Starts forwarding `127.0.0.1:{port}` to `target` (`host:port`).
@@ -44,18 +70,45 @@ impl ZkFrameProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
         let port = listener.local_addr().expect("proxy address").port();
         let rules: Rules = Arc::default();
-        let shared = Arc::clone(&rules);
+        let hold: Arc<Hold> = Arc::default();
+        let (shared, held) = (Arc::clone(&rules), Arc::clone(&hold));
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                let (target, rules) = (target.clone(), Arc::clone(&shared));
+                let (target, rules, hold) =
+                    (target.clone(), Arc::clone(&shared), Arc::clone(&held));
                 tokio::spawn(async move {
                     if let Ok(server) = TcpStream::connect(&target).await {
-                        relay(client, server, rules).await;
+                        relay(client, server, rules, hold).await;
                     }
                 });
             }
         });
-        ZkFrameProxy { port, rules }
+        ZkFrameProxy { port, rules, hold }
+    }
+
+    /// Arms a hold: from the next request of type `op` on, the server's replies are held back
+    /// from the client, until the client has sent one more request (pings and syncs, which
+    /// the session sends on its own clock, do not count) or 3 s have passed.
+    /// [`sent_while_held`](Self::sent_while_held) then tells which requests the client sent
+    /// without waiting for the reply to `op`: the requests it pipelined behind it.
+    pub fn hold_replies_after(&self, op: i32) {
+        let mut state = self
+            .hold
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        state.armed = Some(op);
+        state.sent_while_held.clear();
+    }
+
+    /// The requests the client sent while the last hold lasted (the held request first).
+    pub fn sent_while_held(&self) -> Vec<i32> {
+        self.hold
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .sent_while_held
+            .clone()
     }
 
     /// Arms a rule: the next request of one of `ops` is forwarded, and then its connection is
@@ -94,15 +147,15 @@ impl ZkFrameProxy {
     }
 }
 
-async fn relay(client: TcpStream, server: TcpStream, rules: Rules) {
+async fn relay(client: TcpStream, server: TcpStream, rules: Rules, hold: Arc<Hold>) {
     let (mut cr, mut cw) = client.into_split();
     let (mut sr, mut sw) = server.into_split();
     let stop = Arc::new(tokio::sync::Notify::new());
     let down = tokio::spawn({
-        let stop = Arc::clone(&stop);
+        let (stop, hold) = (Arc::clone(&stop), Arc::clone(&hold));
         async move {
             tokio::select! {
-                _ = tokio::io::copy(&mut sr, &mut cw) => {}
+                () = copy_unless_held(&mut sr, &mut cw, &hold) => {}
                 () = stop.notified() => {}
             }
             cw
@@ -124,6 +177,17 @@ async fn relay(client: TcpStream, server: TcpStream, rules: Rules) {
         let op = (!first && size >= 8)
             .then(|| i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]));
         first = false;
+        if let Some(op) = op {
+            let mut state = hold.state.lock().unwrap_or_else(PoisonError::into_inner);
+            if state.holding {
+                state.sent_while_held.push(op);
+            } else if state.armed == Some(op) {
+                // Held before the request goes out: its reply cannot overtake the hold.
+                state.armed = None;
+                state.holding = true;
+                state.sent_while_held.push(op);
+            }
+        }
         let lose = op.and_then(|op| {
             let mut rules = rules.lock().unwrap_or_else(PoisonError::into_inner);
             let hit = rules.front().is_some_and(|(ops, _)| ops.contains(&op));
@@ -160,4 +224,47 @@ async fn relay(client: TcpStream, server: TcpStream, rules: Rules) {
     if let Ok(mut cw) = down.await {
         let _ = cw.shutdown().await;
     }
+}
+
+/// Copies the server's bytes to the client; while a hold lasts (`Hold::holding`), the bytes
+/// read wait, until the client has sent a second request or [`HOLD_AT_MOST`] has passed.
+async fn copy_unless_held(
+    sr: &mut tokio::net::tcp::OwnedReadHalf,
+    cw: &mut tokio::net::tcp::OwnedWriteHalf,
+    hold: &Hold,
+) {
+    let mut buffer = vec![0u8; 64 * 1024];
+    loop {
+        let n = match sr.read(&mut buffer).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let held_since = std::time::Instant::now();
+        // Bounded: the hold ends once the client sent a second request, or after at most
+        // HOLD_AT_MOST.
+        loop {
+            {
+                let mut state = hold.state.lock().unwrap_or_else(PoisonError::into_inner);
+                let sent = state
+                    .sent_while_held
+                    .iter()
+                    .filter(|op| !is_probe(**op))
+                    .count();
+                let over = sent >= 2 || held_since.elapsed() >= HOLD_AT_MOST;
+                if !state.holding || over {
+                    state.holding = false;
+                    break;
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        if cw.write_all(&buffer[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A request the session sends on its own clock, not for an operation.
+fn is_probe(op: i32) -> bool {
+    op == zk_op::PING || op == zk_op::SYNC
 }
