@@ -205,8 +205,10 @@ impl ZkBackend {
             self.paths.lock_dir(name),
             self.paths.state(name, &StateKey::checkpoint()),
         );
-        let (node, early) =
-            mutex::created_then_read(&mut pending, &session.client, &dir, &checkpoint).await?;
+        let (node, early) = mutex::created_then(&mut pending, || {
+            mutex::turn_read(&session.client, &dir, &checkpoint).ok()
+        })
+        .await?;
         let checkpoint = mutex::wait_turn(
             &session,
             (&dir, &checkpoint),
@@ -302,8 +304,10 @@ impl ZkBackend {
             unqueue(&gate_dir, Recipe::Mutex),
         );
         let checkpoint = self.paths.state(name, &StateKey::checkpoint());
-        let (gate_node, early) =
-            mutex::created_then_read(&mut gate, &session.client, &gate_dir, &checkpoint).await?;
+        let (gate_node, early) = mutex::created_then(&mut gate, || {
+            mutex::turn_read(&session.client, &gate_dir, &checkpoint).ok()
+        })
+        .await?;
         mutex::wait_turn(
             &session,
             (&gate_dir, &checkpoint),
@@ -320,12 +324,15 @@ impl ZkBackend {
             create(&leases_dir, Recipe::Lease),
             unqueue(&leases_dir, Recipe::Lease),
         );
-        let lease_node = lease.reply().await?;
+        let (lease_node, early) = mutex::created_then(&mut lease, || {
+            semaphore::count_read(&session.client, &leases_dir).ok()
+        })
+        .await?;
         let admitted = semaphore::admit(
             &session,
             name,
             &leases_dir,
-            lease_node,
+            (lease_node, early),
             permits,
             try_once,
             limit,

@@ -202,7 +202,7 @@ pub(crate) async fn wait_turn(
         }
         let early_results = match early.take() {
             Some(read) => match tokio::time::timeout(limit, read).await {
-                Ok(Ok(results)) if lists(&results, node.child()) => Some(results),
+                Ok(Ok(results)) if lists(&results, 0, node.child()) => Some(results),
                 _ => None, // read again, as if it had not been sent
             },
             None => None,
@@ -281,20 +281,18 @@ pub(crate) async fn wait_turn(
     }
 }
 
-/// Our node, once `pending`'s create has answered, and the first read of [`wait_turn`] (the
-/// children of `dir` and the checkpoint), sent right behind the create instead of a round
-/// trip later: ZooKeeper answers a session's requests in order, so the read sees our node
-/// (`wait_turn` checks that it lists it before using it).
-pub(crate) async fn created_then_read<'a>(
-    pending: &'a mut Enqueued<Node, Unqueue>,
-    client: &'a Client,
-    dir: &str,
-    checkpoint: &str,
-) -> Result<(&'a Node, Option<TurnRead<'a>>)> {
+/// Our node, once `pending`'s create has answered, and what `send` sent right behind the
+/// create instead of a round trip later (the first read of [`wait_turn`], a semaphore's count
+/// read): ZooKeeper answers a session's requests in order, so that read sees our node. Its
+/// user must still check that it lists our node before relying on it.
+pub(crate) async fn created_then<R>(
+    pending: &mut Enqueued<Node, Unqueue>,
+    send: impl FnOnce() -> Option<R>,
+) -> Result<(&Node, Option<R>)> {
     let mut reply = std::pin::pin!(pending.reply());
     // The first poll sends the create.
     let first = futures::poll!(reply.as_mut());
-    let early = turn_read(client, dir, checkpoint).ok();
+    let early = send();
     let node = match first {
         Poll::Ready(node) => node,
         Poll::Pending => reply.await,
@@ -302,7 +300,7 @@ pub(crate) async fn created_then_read<'a>(
     Ok((node?, early))
 }
 
-/// The read of a pass of [`wait_turn`], sent by [`turn_read`].
+/// A multi-read sent ([`turn_read`], the semaphore's count read).
 pub(crate) type TurnRead<'a> = std::pin::Pin<
     Box<
         dyn Future<Output = std::result::Result<Vec<MultiReadResult>, zookeeper_client::Error>>
@@ -328,9 +326,9 @@ pub(crate) fn turn_read<'a>(
     Ok(Box::pin(reader.commit()))
 }
 
-/// Whether a pass's read lists our node `child`.
-fn lists(results: &[MultiReadResult], child: &str) -> bool {
-    matches!(results.first(), Some(MultiReadResult::Children { children }) if children.iter().any(|c| c == child))
+/// Whether the `i`th result of a multi-read is a listing with our node `child` in it.
+pub(crate) fn lists(results: &[MultiReadResult], i: usize, child: &str) -> bool {
+    matches!(results.get(i), Some(MultiReadResult::Children { children }) if children.iter().any(|c| c == child))
 }
 
 /// Where our node `ours` stands among `children` (in any order): how many are ahead of it,

@@ -3,9 +3,10 @@
 //!    time, in arrival order, and only one contender waits on the permits: no herd);
 //! 2. create our lease `B/N/leases/_c_<uuid>-lease-` EPHEMERAL_SEQUENTIAL (its czxid is the
 //!    permit's token: leases are created one at a time, so tokens grow with each grant);
-//! 3. read the stored count and list the leases, in one multi-read: at most N leases, ours
-//!    included, means held (Curator's rule); otherwise list them with a watch, wait for it, and
-//!    list again (the uncontended permit sends no watch);
+//! 3. read the stored count and list the leases, in one multi-read (sent right behind the
+//!    lease's create, and used if it lists our lease): at most N leases, ours included, means
+//!    held (Curator's rule); otherwise list them with a watch, wait for it, and list again (the
+//!    uncontended permit sends no watch);
 //! 4. delete our gate node, for the next contender.
 //!
 //! The count lives in the data of `B/N/leases` (written by fencelock; Curator leaves it empty
@@ -18,10 +19,10 @@ use fencelock::raw::{Backoff, Live};
 use fencelock::{Error, LockName, Result};
 
 use crate::election::timed;
-use crate::mutex::Node;
+use crate::mutex::{self, Node, TurnRead};
 use crate::session::ZkSession;
 use crate::zk_error;
-use zookeeper_client::MultiReadResult;
+use zookeeper_client::{Client, MultiReadResult};
 
 /// The count of permits `B/N/leases` stores, if it holds one.
 pub(crate) fn stored_permits(data: &[u8]) -> Option<u32> {
@@ -30,17 +31,20 @@ pub(crate) fn stored_permits(data: &[u8]) -> Option<u32> {
 
 /// Holding the gate, with our lease created: checks the stored count, then waits until at most
 /// `permits` leases exist, ours included.
+///
+/// `early` is the count's read when it was sent right behind our lease's create
+/// ([`count_read`]); it is used only if it lists our lease.
 pub(crate) async fn admit(
     session: &ZkSession,
     name: &LockName,
     leases: &str,
-    lease: &Node,
+    (lease, early): (&Node, Option<TurnRead<'_>>),
     permits: u32,
     try_once: bool,
     limit: Duration,
 ) -> Result<()> {
     let client = &session.client;
-    let children = check_count(session, name, leases, lease, permits, limit).await?;
+    let children = check_count(session, name, leases, (lease, early), permits, limit).await?;
     let lost = || Error::lost(name);
     let most = usize::try_from(permits).unwrap_or(usize::MAX);
     // The count's read already listed the leases, after our lease was created and while we
@@ -100,18 +104,28 @@ async fn check_count(
     session: &ZkSession,
     name: &LockName,
     leases: &str,
-    lease: &Node,
+    (lease, early): (&Node, Option<TurnRead<'_>>),
     permits: u32,
     limit: Duration,
 ) -> Result<Vec<String>> {
     let client = &session.client;
-    let mut reader = client.new_multi_reader();
-    for add in [reader.add_get_data(leases), reader.add_get_children(leases)] {
-        add.map_err(|e| zk_error("read the count of permits", e))?;
-    }
-    let read = timed("read the count of permits", limit, reader.commit())
+    let early = match early {
+        Some(read) => match timed("read the count of permits", limit, read).await {
+            Ok(Ok(read)) if mutex::lists(&read, 1, lease.child()) => Some(read),
+            _ => None, // read again, as if it had not been sent
+        },
+        None => None,
+    };
+    let read = match early {
+        Some(read) => read,
+        None => timed(
+            "read the count of permits",
+            limit,
+            count_read(client, leases)?,
+        )
         .await?
-        .map_err(|e| zk_error("read the count of permits", e))?;
+        .map_err(|e| zk_error("read the count of permits", e))?,
+    };
     let (data, children) = match <[MultiReadResult; 2]>::try_from(read) {
         Ok([MultiReadResult::Data { data, .. }, MultiReadResult::Children { children }]) => {
             (data, children)
@@ -139,6 +153,16 @@ async fn check_count(
     .await?
     .map_err(|e| zk_error("store the count of permits", e))?;
     Ok(children)
+}
+
+/// Sends the count's read (sent when this is called): the data of `leases` (the count) and
+/// its children (the leases), in one multi-read.
+pub(crate) fn count_read<'a>(client: &'a Client, leases: &str) -> Result<TurnRead<'a>> {
+    let mut reader = client.new_multi_reader();
+    for add in [reader.add_get_data(leases), reader.add_get_children(leases)] {
+        add.map_err(|e| zk_error("read the count of permits", e))?;
+    }
+    Ok(Box::pin(reader.commit()))
 }
 
 async fn pause_or_lost(backoff: &mut Backoff, session: &ZkSession, name: &LockName) -> Result<()> {

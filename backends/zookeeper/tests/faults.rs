@@ -654,20 +654,58 @@ async fn the_first_listing_goes_out_behind_the_create() {
     use fencelock_testsupport::zk_op;
     let factory = common::ZkFactory::on(common::shared_standalone()).await;
     let (backend, proxy) = framed_backend(&factory).await;
-    // The lock's directory exists after a first acquire; the second is the measured one.
-    let first = backend.lock("pipelined").await.unwrap();
-    assert_eq!(first.release().await.unwrap(), ReleaseOutcome::Released);
-    // The first grant's exists-watch goes out from a task of its own, possibly after the
-    // release (and then a removeWatches): let it pass before the hold counts requests.
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    proxy.hold_replies_after(zk_op::CREATE2);
-    let guard = backend.lock("pipelined").await.unwrap();
-    let mut sent = proxy.sent_while_held();
-    sent.retain(|op| ![zk_op::SYNC, zk_op::PING].contains(op)); // the session's own probes
+    let sent = sent_behind_a_create(&proxy, 1, || async {
+        let guard = backend.lock("pipelined").await.unwrap();
+        assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+    })
+    .await;
     assert_eq!(
         sent,
         [zk_op::CREATE2, zk_op::MULTI_READ],
         "the listing must be sent before the create's reply arrives"
     );
-    assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+}
+
+/// As above for a semaphore's permit: the read of the count and the leases goes out right
+/// behind the lease's create (the second create of the acquire; the first is the gate's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_count_read_goes_out_behind_the_lease_create() {
+    use fencelock::{LockBackend, LockName, Wait};
+    use fencelock_testsupport::zk_op;
+    let factory = common::ZkFactory::on(common::shared_standalone()).await;
+    let (backend, proxy) = framed_backend(&factory).await;
+    let name = LockName::new("permits").unwrap();
+    let sent = sent_behind_a_create(&proxy, 2, || async {
+        let guard = backend
+            .acquire_permit(&name, 2, Wait::Forever)
+            .await
+            .unwrap();
+        assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+    })
+    .await;
+    assert_eq!(
+        sent,
+        [zk_op::CREATE2, zk_op::MULTI_READ],
+        "the count's read must be sent before the lease's create is answered"
+    );
+}
+
+/// Runs `op` once (so that its directories exist), then again with the server's replies held
+/// from its `nth` create on; the requests sent while they were held, the session's own probes
+/// left out.
+async fn sent_behind_a_create<F: std::future::Future<Output = ()>>(
+    proxy: &fencelock_testsupport::ZkFrameProxy,
+    nth: usize,
+    op: impl Fn() -> F,
+) -> Vec<i32> {
+    use fencelock_testsupport::zk_op;
+    op().await;
+    // The first grant's exists-watch goes out from a task of its own, possibly after the
+    // release (and then a removeWatches): let it pass before the hold counts requests.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    proxy.hold_replies_after_nth(zk_op::CREATE2, nth);
+    op().await;
+    let mut sent = proxy.sent_while_held();
+    sent.retain(|op| ![zk_op::SYNC, zk_op::PING].contains(op));
+    sent
 }

@@ -53,8 +53,8 @@ struct Hold {
 
 #[derive(Debug, Default)]
 struct HoldState {
-    /// The request type whose next request starts a hold.
-    armed: Option<i32>,
+    /// The request type that starts a hold, and how many of its requests pass first.
+    armed: Option<(i32, usize)>,
     /// Replies are being held.
     holding: bool,
     /// The requests the client sent while replies were held, in order.
@@ -92,12 +92,18 @@ impl ZkFrameProxy {
     /// [`sent_while_held`](Self::sent_while_held) then tells which requests the client sent
     /// without waiting for the reply to `op`: the requests it pipelined behind it.
     pub fn hold_replies_after(&self, op: i32) {
+        self.hold_replies_after_nth(op, 1);
+    }
+
+    /// As [`hold_replies_after`](Self::hold_replies_after), from the `n`th next request of
+    /// type `op` on (1 for the next).
+    pub fn hold_replies_after_nth(&self, op: i32, n: usize) {
         let mut state = self
             .hold
             .state
             .lock()
             .unwrap_or_else(PoisonError::into_inner);
-        state.armed = Some(op);
+        state.armed = Some((op, n.saturating_sub(1)));
         state.sent_while_held.clear();
     }
 
@@ -181,11 +187,15 @@ async fn relay(client: TcpStream, server: TcpStream, rules: Rules, hold: Arc<Hol
             let mut state = hold.state.lock().unwrap_or_else(PoisonError::into_inner);
             if state.holding {
                 state.sent_while_held.push(op);
-            } else if state.armed == Some(op) {
-                // Held before the request goes out: its reply cannot overtake the hold.
-                state.armed = None;
-                state.holding = true;
-                state.sent_while_held.push(op);
+            } else if let Some((armed, before)) = state.armed.filter(|(armed, _)| *armed == op) {
+                if before > 0 {
+                    state.armed = Some((armed, before - 1));
+                } else {
+                    // Held before the request goes out: its reply cannot overtake the hold.
+                    state.armed = None;
+                    state.holding = true;
+                    state.sent_while_held.push(op);
+                }
             }
         }
         let lose = op.and_then(|op| {
