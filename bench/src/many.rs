@@ -65,8 +65,8 @@ impl Stretch {
     }
 }
 
-/// Runs `k` tasks, each calling `op` in a loop for half of [`SPAN`] (a figure is two such
-/// halves: `table`).
+/// Runs `k` tasks, each calling `op` in a loop for half of [`SPAN`] (a figure is two or more
+/// such halves: `mirrored`).
 async fn measure(k: usize, op: &Op) -> Stretch {
     // A round of each task first, so that no figure includes setup (sessions, directories).
     let warm: Vec<_> = (0..k).map(|i| tokio::spawn(op(i))).collect();
@@ -176,30 +176,41 @@ async fn table(setup: &str, ours: Op, raw: Op, peer: Op, ours_one: Op, peer_one:
     }
 }
 
-/// Each client's figure at its K, from two halves taken in mirrored order (a, b, c, then c, b,
-/// a), so that a linear drift of the servers charges each alike.
+/// Mirrored pairs of halves per figure: 1 unless `FENCELOCK_BENCH_ROUNDS` says more. With one
+/// pair, ZooKeeper x1's own-name ratio at one K moved by up to 0.4 between runs of the same
+/// code; more pairs average the servers' pauses (JVM collections, compactions) over more
+/// alternations, at the cost of a longer run.
+fn rounds() -> usize {
+    match std::env::var("FENCELOCK_BENCH_ROUNDS") {
+        Err(_) => 1,
+        Ok(n) => n
+            .parse()
+            .ok()
+            .filter(|&n| n > 0)
+            .unwrap_or_else(|| panic!("FENCELOCK_BENCH_ROUNDS={n:?}: a count of 1 or more")),
+    }
+}
+
+/// Each client's figure at its K, from [`rounds`] pairs of halves, each pair taken in mirrored
+/// order (a, b, c, then c, b, a), so that a linear drift of the servers charges each alike.
 async fn mirrored(runs: [(usize, &Op); 3]) -> [Figures; 3] {
-    let mut first = Vec::with_capacity(3);
-    for (k, op) in runs {
-        first.push(measure(k, op).await);
+    let mut all: [Stretch; 3] = Default::default();
+    for _ in 0..rounds() {
+        for (i, (k, op)) in runs.iter().enumerate() {
+            all[i] = std::mem::take(&mut all[i]).and(measure(*k, op).await);
+        }
+        for (i, (k, op)) in runs.iter().enumerate().rev() {
+            all[i] = std::mem::take(&mut all[i]).and(measure(*k, op).await);
+        }
     }
-    let mut second = Vec::with_capacity(3);
-    for (k, op) in runs.into_iter().rev() {
-        second.push(measure(k, op).await);
-    }
-    second.reverse();
-    let mut halves = first
-        .into_iter()
-        .zip(second)
-        .map(|(a, b)| a.and(b).figures());
-    std::array::from_fn(|_| halves.next().unwrap())
+    all.map(Stretch::figures)
 }
 
 pub async fn run(servers: &Servers) {
     println!(
         "\n### Many locks at once ({}; {:?} per figure; ratio: operations per second over the raw requests' at the same K, or for one name over one task's raw loop)\n",
         servers.member0(),
-        SPAN
+        SPAN * u32::try_from(rounds()).unwrap_or(u32::MAX)
     );
     println!(
         "| setup | names | K tasks | client | ops/s | p50 | p99 | client CPU per op | ops/s / raw |\n|---|---|---|---|---|---|---|---|---|"
