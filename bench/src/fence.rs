@@ -26,14 +26,7 @@ const BLOCK_WRITES: usize = 8000;
 /// Alternating blocks of the concurrent writes, 8 of each kind; `FENCELOCK_BENCH_BLOCKS` sets
 /// another count (more for a steadier ratio on a noisy machine).
 fn blocks() -> usize {
-    match std::env::var("FENCELOCK_BENCH_BLOCKS") {
-        Ok(n) => n
-            .parse()
-            .ok()
-            .filter(|&n| n > 0)
-            .unwrap_or_else(|| panic!("FENCELOCK_BENCH_BLOCKS={n:?}: a count of 1 or more")),
-        Err(_) => 8,
-    }
+    crate::count_from_env("FENCELOCK_BENCH_BLOCKS", 8)
 }
 
 async fn connect(pg: &PgServer) -> Client {

@@ -25,6 +25,19 @@ use stats_alloc::{StatsAlloc, INSTRUMENTED_SYSTEM};
 #[global_allocator]
 static ALLOCATOR: &StatsAlloc<std::alloc::System> = &INSTRUMENTED_SYSTEM;
 
+/// A count of 1 or more from the environment variable `name`, `default` when it is unset; a
+/// bad value stops the run with its name, not a silent default.
+fn count_from_env(name: &str, default: usize) -> usize {
+    match std::env::var(name) {
+        Err(_) => default,
+        Ok(n) => n
+            .parse()
+            .ok()
+            .filter(|&n| n > 0)
+            .unwrap_or_else(|| panic!("{name}={n:?}: a count of 1 or more")),
+    }
+}
+
 #[tokio::main]
 async fn main() {
     let what = std::env::args().nth(1).unwrap_or_else(|| "all".into());

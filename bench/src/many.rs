@@ -181,14 +181,7 @@ async fn table(setup: &str, ours: Op, raw: Op, peer: Op, ours_one: Op, peer_one:
 /// code; more pairs average the servers' pauses (JVM collections, compactions) over more
 /// alternations, at the cost of a longer run.
 fn rounds() -> usize {
-    match std::env::var("FENCELOCK_BENCH_ROUNDS") {
-        Err(_) => 1,
-        Ok(n) => n
-            .parse()
-            .ok()
-            .filter(|&n| n > 0)
-            .unwrap_or_else(|| panic!("FENCELOCK_BENCH_ROUNDS={n:?}: a count of 1 or more")),
-    }
+    crate::count_from_env("FENCELOCK_BENCH_ROUNDS", 1)
 }
 
 /// Each client's figure at its K, from [`rounds`] pairs of halves, each pair taken in mirrored
