@@ -31,6 +31,11 @@ pub use store::PgFenceStore;
 /// admits needs `SELECT` and `UPDATE` on the table (the shared lock is a row lock) and
 /// `EXECUTE` on its function.
 ///
+/// One exception to running side by side: an admission of the new token sent while its raise
+/// is still open waits for the raise, and then (PostgreSQL locks the raised row before it
+/// re-checks it) for the same-token transactions that got in after the raise committed. Do not
+/// make one of those wait for it in your code: PostgreSQL cannot see that as a deadlock.
+///
 /// ```no_run
 /// # async fn f(client: &mut tokio_postgres::Client, token: fencelock::FencingToken)
 /// # -> Result<(), Box<dyn std::error::Error>> {

@@ -296,35 +296,90 @@ async fn the_fence_survives_a_server_restart_and_refuses_lower_tokens() {
 /// them; two transactions raising to the same new token do not deadlock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_token_transactions_run_side_by_side_and_raises_wait_for_them() {
-    // Bounded as a whole: every await below waits on PostgreSQL's row locks.
-    tokio::time::timeout(Duration::from_secs(60), sharing_and_raising())
+    let pg = Arc::new(PgServer::start());
+    // Bounded as a whole: every await below waits on PostgreSQL's row locks. A hang shows
+    // the step it stopped at and what each backend was waiting for.
+    let step = Arc::new(std::sync::Mutex::new("start"));
+    let run = sharing_and_raising(Arc::clone(&pg), Arc::clone(&step));
+    let mut run = std::pin::pin!(run);
+    // Polled by reference: on a timeout the scenario's connections stay open while the
+    // activity below is read.
+    if tokio::time::timeout(Duration::from_secs(60), &mut run)
         .await
-        .expect("the row-lock scenario did not finish in 60 s");
+        .is_err()
+    {
+        let at = *step.lock().unwrap();
+        panic!(
+            "the row-lock scenario stopped at {at:?} for 60 s; port {}, activity:\n{}\nlog:\n{}",
+            pg.port,
+            activity(&pg).await,
+            pg.logs()
+        );
+    }
 }
 
-async fn sharing_and_raising() {
-    let pg = Arc::new(PgServer::start());
+/// What every backend is running, waiting for and blocked by (`pg_blocking_pids`).
+async fn activity(pg: &PgServer) -> String {
+    let client = connect(pg).await;
+    let rows = client
+        .query(
+            "SELECT a.pid::text, coalesce(a.state, ''), coalesce(a.wait_event_type, ''), \
+             coalesce(a.wait_event, ''), coalesce(a.backend_xid::text, ''), \
+             coalesce(pg_blocking_pids(a.pid)::text, ''), coalesce(a.query, '') \
+             FROM pg_stat_activity a WHERE a.pid <> pg_backend_pid()",
+            &[],
+        )
+        .await
+        .unwrap();
+    let mut out = String::new();
+    for r in rows {
+        let cols: Vec<String> = (0..7).map(|i| r.get::<_, String>(i)).collect();
+        out.push_str(&cols.join(" | "));
+        out.push('\n');
+    }
+    out
+}
+
+async fn sharing_and_raising(pg: Arc<PgServer>, step: Arc<std::sync::Mutex<&'static str>>) {
+    let at = |name: &'static str| *step.lock().unwrap() = name;
     let fence = PgFence::new("share_fence").unwrap();
     let (mut a, mut b) = (connect(&pg).await, connect(&pg).await);
     fence.create_table(&a).await.unwrap();
     let t = FencingToken::new;
     // The lock's first admission inserts its row, and a row being inserted makes the others
     // wait until it commits (PostgreSQL's insertion conflict); after that, sharing holds.
+    at("first admission");
     let tx = a.transaction().await.unwrap();
     fence.admit(&tx, "jobs", t(4)).await.unwrap();
     tx.commit().await.unwrap();
 
+    at("raise to 5 open");
     let tx_a = a.transaction().await.unwrap();
     fence.admit(&tx_a, "jobs", t(5)).await.unwrap();
     let tx = b.transaction().await.unwrap();
-    tokio::time::timeout(Duration::from_secs(1), fence.admit(&tx, "jobs", t(5)))
-        .await
-        .expect_err("a token being raised was shared before its raise committed");
-    drop(tx);
-    tx_a.commit().await.unwrap();
+    {
+        let mut waiting = std::pin::pin!(fence.admit(&tx, "jobs", t(5)));
+        tokio::time::timeout(Duration::from_secs(1), &mut waiting)
+            .await
+            .expect_err("a token being raised was shared before its raise committed");
+        at("commit the raise to 5");
+        tx_a.commit().await.unwrap();
+        // The waiting admission ends before a new sharer comes: woken by the raise's commit,
+        // PostgreSQL locks the row's new version before it re-checks the UPDATE's condition,
+        // so it would wait for a sharer that got in first (here tx_a below, which this task
+        // commits only after tx_b: a wait PostgreSQL cannot see as a deadlock).
+        tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("the admission waiting for the raise did not end when it committed")
+            .unwrap();
+    }
+    tx.rollback().await.unwrap();
+    at("share 5 on a");
     let tx_a = a.transaction().await.unwrap();
     fence.admit(&tx_a, "jobs", t(5)).await.unwrap();
+    at("begin on b");
     let tx_b = b.transaction().await.unwrap();
+    at("share 5 on b");
     // The same token while tx_a is open: admitted at once (it would wait for tx_a if the
     // admission locked the row exclusively).
     tokio::time::timeout(Duration::from_secs(5), fence.admit(&tx_b, "jobs", t(5)))
@@ -342,6 +397,7 @@ async fn sharing_and_raising() {
             result
         })
     };
+    at("raise to 6");
     let newer = raise(6);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
@@ -363,6 +419,7 @@ async fn sharing_and_raising() {
 
     // Two raises to one new token at once: one raises, the other shares (a deadlock would be
     // an error here).
+    at("raise to 7 on a");
     let tx_a = a.transaction().await.unwrap();
     fence.admit(&tx_a, "jobs", t(7)).await.unwrap();
     let second = raise(7);
@@ -377,6 +434,7 @@ async fn sharing_and_raising() {
 
     // The held token, presented while a raise is open: it waits for the raise (its snapshot
     // still shows the token it presents), then is refused, not admitted on the old row.
+    at("raise to 8 on a");
     let tx_a = a.transaction().await.unwrap();
     fence.admit(&tx_a, "jobs", t(8)).await.unwrap();
     let old = raise(7);

@@ -7,7 +7,8 @@ use std::time::Duration;
 use crate::process::{free_port, tmp_root, unique, Server};
 
 /// A real PostgreSQL server on loopback (trust authentication, user `fencelock`, database
-/// `postgres`), stopped on drop. Run as root, it runs as the `postgres` system user.
+/// `postgres`), stopped on drop by an immediate shutdown, which removes its shared memory. Run
+/// as root, it runs as the `postgres` system user.
 #[derive(Debug)]
 pub struct PgServer {
     /// The port on 127.0.0.1.
@@ -175,5 +176,14 @@ impl PgServer {
     /// The end of the server's log.
     pub fn logs(&self) -> String {
         self.server.log_tail()
+    }
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        // An immediate shutdown (SIGQUIT) still removes the server's shared memory; a SIGKILL
+        // leaves a System V segment and a /dev/shm file until the machine reboots, and past
+        // the kernel's 4,096 segments no server starts (tests/pg_shm.rs).
+        self.server.stop("-QUIT", Duration::from_secs(10));
     }
 }

@@ -121,6 +121,24 @@ impl Server {
         }
     }
 
+    /// Sends `signal` and waits up to `limit` for the process to exit, then kills it. For
+    /// servers that must clean up after themselves on the way out; never panics (drops call it).
+    pub(crate) fn stop(&mut self, signal: &str, limit: Duration) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = Command::new("kill")
+                .args([signal, &child.id().to_string()])
+                .status();
+            let start = Instant::now();
+            while start.elapsed() < limit {
+                if !matches!(child.try_wait(), Ok(None)) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        self.kill();
+    }
+
     /// SIGSTOP / SIGCONT.
     pub(crate) fn signal(&self, signal: &str) {
         if let Some(child) = &self.child {
