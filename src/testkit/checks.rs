@@ -579,10 +579,14 @@ pub async fn status_and_list<F: BackendFactory>(factory: &F) {
         let (b, name) = (Arc::clone(&b), name.clone());
         tokio::spawn(async move { acquire("status: waiter", &*b, name.as_str()).await })
     };
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let status = ok("status", a.status(&name).await);
+    let (reader, named) = (&a, &name);
+    let status = super::until(
+        "status: the waiter queues",
+        || async move { ok("status", reader.status(named).await) },
+        |status| status.waiting == 1,
+    )
+    .await;
     assert_eq!(status.holder, Some(held.token()), "{status:?}");
-    assert_eq!(status.waiting, 1, "{status:?}");
     assert!(
         status.age.is_some_and(|age| age < super::BOUND),
         "{status:?}"

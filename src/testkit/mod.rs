@@ -111,6 +111,34 @@ pub async fn bounded<T>(what: &str, fut: impl Future<Output = T>) -> T {
     }
 }
 
+/// Reads with `read` every 20 ms until `done` holds for the answer, and returns that answer:
+/// for a state another task reaches in its own time (a waiter queued), which a fixed pause
+/// before one read misses on a busy machine.
+///
+/// # Panics
+/// When `done` does not hold within [`BOUND`], with `what` and the last answer.
+pub(crate) async fn until<T, F>(
+    what: &str,
+    mut read: impl FnMut() -> F,
+    done: impl Fn(&T) -> bool,
+) -> T
+where
+    T: std::fmt::Debug,
+    F: Future<Output = T>,
+{
+    let start = tokio::time::Instant::now();
+    loop {
+        let answer = read().await;
+        if done(&answer) {
+            return answer;
+        }
+        if start.elapsed() > BOUND {
+            panic!("{what}: still {answer:?} after {BOUND:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Defines one `#[tokio::test]` per conformance check, each with a fresh factory made by
 /// evaluating `$factory` (which may `.await`).
 #[macro_export]

@@ -292,14 +292,24 @@ pub async fn semaphore_fifo_and_status<F: BackendFactory>(factory: &F) {
             (guard, backend)
         })
     };
+    // Each waiter is seen queued before the next comes: FIFO is then the store's order.
+    let (reader, named) = (&a, &name);
+    let queued = |n: usize| {
+        super::until(
+            "fifo: a waiter queues",
+            move || async move {
+                ok(
+                    "fifo: status",
+                    bounded("status", reader.permit_status(named)).await,
+                )
+            },
+            move |status| status.waiting >= n,
+        )
+    };
     let c_waits = wait(c, "c");
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    queued(1).await;
     let d_waits = wait(d, "d");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let status = ok(
-        "fifo: status",
-        bounded("status", a.permit_status(&name)).await,
-    );
+    let status = queued(2).await;
     assert_eq!(
         (status.holders, status.waiting, status.permits),
         (2, 2, Some(N)),

@@ -356,7 +356,8 @@ async fn an_observer_cut_off_while_the_leader_changes_reports_the_leader_now() {
 /// node stayed while the lost guard lived (and after it was dropped, as the background delete
 /// stopped with the local clock), so `guard = backend.lock(..).await?` with the lost guard still
 /// alive queued behind its own node for good. Session timeout 6 s, margin 1.9 s: `lost` comes
-/// at most 4.1 s after the cut, the server expires at least 5.75 s after it, the heal is at 4.2 s.
+/// at most 4.1 s after the cut, the server expires at least 5.75 s after it; the heal comes as
+/// soon as `lost` fired, which may take until 5 s (a busy machine's late timer), never later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_locally_lost_lock_leaves_no_node_when_the_session_comes_back() {
     let factory = common::ZkFactory::on(common::shared_standalone()).await;
@@ -370,11 +371,9 @@ async fn a_locally_lost_lock_leaves_no_node_when_the_session_comes_back() {
     let old = a.lock("job").await.unwrap();
     let before = a.session_info().await.unwrap().id();
     proxy.set_mode(fencelock_testsupport::ProxyMode::BlackHole);
-    let cut = Instant::now();
-    tokio::time::timeout(Duration::from_millis(4200), old.lost())
+    tokio::time::timeout(Duration::from_millis(5000), old.lost())
         .await
-        .expect("lost fires before the heal");
-    tokio::time::sleep_until(cut + Duration::from_millis(4200)).await;
+        .expect("lost fires before the server could expire the session");
     proxy.set_mode(fencelock_testsupport::ProxyMode::Forward);
 
     // The self-deadlock pattern: a new acquire on the same backend while the lost guard lives.

@@ -191,17 +191,8 @@ impl Drop for Server {
 /// the other members of a cluster, which look at other moments, kill theirs before the
 /// folder they share goes.
 fn watchdog(pid: u32, reap: &Path) {
-    let me = std::process::id();
     let keep = std::env::var_os("FENCELOCK_TEST_KEEP").is_some_and(|v| !v.is_empty());
-    let reap_step = if keep {
-        String::new()
-    } else {
-        format!("; sleep 2; kill -0 {me} 2>/dev/null || rm -rf -- \"$1\"")
-    };
-    let script = format!(
-        "i=0; while kill -0 {me} 2>/dev/null && [ $i -lt 3600 ]; do sleep 1; i=$((i+1)); done; \
-         kill -9 {pid} 2>/dev/null{reap_step}"
-    );
+    let script = watchdog_script(std::process::id(), pid, start_time(pid), keep);
     let _ = Command::new("sh")
         .args(["-c", &script, "watchdog"])
         .arg(reap)
@@ -209,6 +200,39 @@ fn watchdog(pid: u32, reap: &Path) {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn();
+}
+
+/// When `pid` started (field 22 of `/proc/<pid>/stat`, in clock ticks since boot): with the
+/// pid, it names one process; the pid alone names whichever process holds it now.
+fn start_time(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The fields after the command name, which may hold spaces: state is field 3.
+    let (_, rest) = stat.rsplit_once(") ")?;
+    rest.split_whitespace().nth(19).map(str::to_owned)
+}
+
+/// The watchdog's shell script. The kill checks that `pid` still names the server: most
+/// servers are dropped (killed and reaped) long before the test process ends, and with the
+/// kernel's default of 32,768 pids, cycled through by the watchdogs' own `sleep`s, the pid may
+/// by then be another process's (another test's server, or the build).
+fn watchdog_script(me: u32, pid: u32, start: Option<String>, keep: bool) -> String {
+    let reap_step = if keep {
+        String::new()
+    } else {
+        format!("; sleep 2; kill -0 {me} 2>/dev/null || rm -rf -- \"$1\"")
+    };
+    let kill = match start {
+        Some(start) => format!(
+            "[ \"$(sed 's/^.*) //' /proc/{pid}/stat 2>/dev/null | cut -d' ' -f20)\" = {start} ] \
+             && kill -9 {pid} 2>/dev/null"
+        ),
+        // No /proc: as before, trusting the pid.
+        None => format!("kill -9 {pid} 2>/dev/null"),
+    };
+    format!(
+        "i=0; while kill -0 {me} 2>/dev/null && [ $i -lt 3600 ]; do sleep 1; i=$((i+1)); done; \
+         {kill}{reap_step}"
+    )
 }
 
 /// True when an HTTP GET of `path` on `port` answers with `expect` in the body.
@@ -230,4 +254,50 @@ pub(crate) fn http_get(port: u16, path: &str) -> String {
     let mut body = String::new();
     let _ = stream.read_to_string(&mut body);
     body
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+
+    /// A pid that no process holds any more.
+    fn gone() -> u32 {
+        let mut child = Command::new("true").spawn().unwrap();
+        child.wait().unwrap();
+        child.id()
+    }
+
+    /// Runs the script of a watchdog whose test process is gone, aimed at a live process
+    /// with the start time `start`; true when that process survived.
+    fn survives(start: impl FnOnce(u32) -> Option<String>) -> bool {
+        let mut victim = Command::new("sleep").arg("30").spawn().unwrap();
+        let script = watchdog_script(gone(), victim.id(), start(victim.id()), true);
+        let status = Command::new("sh").args(["-c", &script]).status().unwrap();
+        assert!(status.success() || status.code() == Some(1), "{status}");
+        // A SIGKILL is delivered, and the process reaped, a moment after `kill` returns.
+        let start = Instant::now();
+        while matches!(victim.try_wait(), Ok(None)) && start.elapsed() < Duration::from_secs(2) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let alive = matches!(victim.try_wait(), Ok(None));
+        let _ = victim.kill();
+        let _ = victim.wait();
+        alive
+    }
+
+    #[test]
+    fn the_watchdog_kills_its_server() {
+        assert!(!survives(start_time), "the server outlived its watchdog");
+    }
+
+    #[test]
+    fn the_watchdog_spares_a_process_that_took_the_servers_pid() {
+        // The same pid, another start time: what a reused pid looks like.
+        let other = |pid| start_time(pid).map(|t| format!("{}", t.parse::<u64>().unwrap() + 1));
+        assert!(
+            survives(other),
+            "a process holding a dead server's pid was killed"
+        );
+    }
 }
