@@ -168,8 +168,9 @@ pub async fn election_observe_sees_every_change<F: BackendFactory>(factory: &F) 
         let (b, name) = (Arc::clone(&b), name.clone());
         tokio::spawn(async move { b.acquire_leadership(&name, b"b", Wait::Forever).await })
     };
-    // A waiting candidate is not a change of leader; the next item must be b's election.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // A waiting candidate is not a change of leader; the next item must be b's election
+    // (b is queued before a resigns, or no one would lead for a moment).
+    super::until_queued("observe: b queues", &watcher, &name, 1).await;
     resign("observe: a resigns", first).await;
     let next = match bounded("observe: b elected", second).await {
         Ok(next) => ok("observe: b", next),
@@ -250,6 +251,9 @@ pub async fn election_session_loss_ends_leadership<F: BackendFactory>(factory: &
     );
 
     // A candidate whose session ends while it waits.
+    if let Ok(alone) = c.status(&name).await {
+        assert_eq!(alone.waiting, 0, "only b campaigns yet: {alone:?}");
+    }
     let doomed = {
         let (b2, name) = (factory.connect().await, name.clone());
         let b2 = Arc::new(b2);
@@ -257,7 +261,9 @@ pub async fn election_session_loss_ends_leadership<F: BackendFactory>(factory: &
             let (b2, name) = (Arc::clone(&b2), name.clone());
             tokio::spawn(async move { b2.acquire_leadership(&name, b"c", Wait::Forever).await })
         };
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Broken once its candidacy is in the store: broken before, it would campaign again
+        // on a new session and wait behind b for good.
+        super::until_queued("loss: the candidate queues", &c, &name, 1).await;
         factory.break_session(&b2).await;
         task
     };

@@ -139,6 +139,34 @@ where
     }
 }
 
+/// Waits until `backend`'s [`status`](LockBackend::status) of `name` shows at least `waiting`
+/// entries behind the holder; for a backend without `status`, a fixed 300 ms pause instead.
+///
+/// # Panics
+/// When the status fails, or does not show them within [`BOUND`].
+pub(crate) async fn until_queued<B: LockBackend + ?Sized>(
+    what: &str,
+    backend: &B,
+    name: &LockName,
+    waiting: usize,
+) {
+    if let Err(crate::Error::Unsupported { .. }) = backend.status(name).await {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        return;
+    }
+    until(
+        what,
+        move || async move {
+            match backend.status(name).await {
+                Ok(status) => status,
+                Err(e) => panic!("{what}: status: {e}"),
+            }
+        },
+        |status| status.waiting >= waiting,
+    )
+    .await;
+}
+
 /// Defines one `#[tokio::test]` per conformance check, each with a fresh factory made by
 /// evaluating `$factory` (which may `.await`).
 #[macro_export]

@@ -129,9 +129,30 @@ pub async fn rw_waiting_writer_holds_back_later_readers<F: BackendFactory>(facto
         })
     };
     let writer = spawn(b, Access::Write, "writer");
-    tokio::time::sleep(Duration::from_millis(300)).await;
     let d = factory.connect().await;
-    assert_blocked("a reader behind a waiting writer", &d, &name, Access::Read).await;
+    // Refused once the writer is queued; a read granted before that (the writer still on its
+    // way: no fixed pause is long enough on a busy machine) is released and tried again.
+    let (reader, named) = (&d, &name);
+    super::until(
+        "a reader behind a waiting writer is refused",
+        move || async move {
+            let tried = bounded(
+                "a reader behind a waiting writer",
+                reader.acquire_rw(named, Access::Read, Wait::Try),
+            )
+            .await;
+            match tried {
+                Ok(early) => {
+                    release("a read before the writer queued", early).await;
+                    false
+                }
+                Err(Error::WouldBlock { .. }) => true,
+                Err(e) => panic!("a reader behind a waiting writer: {e}"),
+            }
+        },
+        |refused| *refused,
+    )
+    .await;
     let reader = spawn(c, Access::Read, "late reader");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
