@@ -92,6 +92,22 @@ async fn exit_code(child: Child) -> i32 {
     out.status.code().expect("an exit code")
 }
 
+/// `fencelock status NAME --json`'s `waiting`, read every 100 ms until it is `n` (for at most
+/// 30 s): the last one read.
+async fn until_waiting(url: &str, name: &str, n: u64) -> serde_json::Value {
+    let mut waiting = serde_json::Value::Null;
+    for _ in 0..300 {
+        let out = output(url, &["status", name, "--json"]).await;
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        waiting = status["waiting"].clone();
+        if waiting == n {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    waiting
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn env_vars_and_the_exit_status_pass_through() {
     for url in [etcd_url(), zk_url()] {
@@ -764,7 +780,12 @@ async fn elect_runs_cmd_while_leader_and_leader_watch_follows() {
         )
         .spawn()
         .unwrap();
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // a resigns once b waits in the store, or the watcher would see no leader between.
+        assert_eq!(
+            until_waiting(&url, "sched", 1).await,
+            1,
+            "{url}: b must queue while a leads"
+        );
         assert!(!b_term.exists(), "b must wait while a leads");
         // SIGTERM goes on to a's CMD; when it exits, a resigns.
         let pid = a.id().unwrap().to_string();
@@ -811,17 +832,11 @@ async fn a_waiters_metrics_show_the_queue_ahead_of_it() {
         let second = fencelock(&url, &["run", "job", "--", "true"])
             .spawn()
             .unwrap();
-        let mut waiting = serde_json::Value::Null;
-        for _ in 0..100 {
-            let out = output(&url, &["status", "job", "--json"]).await;
-            let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-            waiting = status["waiting"].clone();
-            if waiting == 1 {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        assert_eq!(waiting, 1, "the second must queue before the third starts");
+        assert_eq!(
+            until_waiting(&url, "job", 1).await,
+            1,
+            "the second must queue before the third starts"
+        );
         let port = fencelock_testsupport::free_port();
         let listen = format!("127.0.0.1:{port}");
         let run = ["run", "--metrics-listen", &listen, "job", "--", "true"];
