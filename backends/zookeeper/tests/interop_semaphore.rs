@@ -5,7 +5,7 @@ mod common;
 
 use std::path::PathBuf;
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use fencelock::{Error, LockBackend, LockName, ReleaseOutcome, Wait};
 use fencelock_testsupport::{compile_java, JavaProgram};
@@ -92,11 +92,17 @@ async fn curator_and_fencelock_share_one_pool_of_permits() {
         early.is_err(),
         "Curator must wait while fencelock holds both permits: {early:?}"
     );
-    let gate = factory
-        .admin
-        .list_children(&format!("{path}/locks"))
-        .await
-        .unwrap();
+    // The JVM may still be on its way to the gate (it printed its first line before).
+    let mut gate = Vec::new();
+    let looked = Instant::now();
+    while gate.is_empty() && looked.elapsed() < BOUND {
+        gate = factory
+            .admin
+            .list_children(&format!("{path}/locks"))
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert!(
         gate.len() == 1 && common::is_protected(&gate[0], "-lock-"),
         "Curator waits holding the gate, an InterProcessMutex: {gate:?}"
