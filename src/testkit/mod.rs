@@ -142,9 +142,15 @@ where
 /// Waits until `backend`'s [`status`](LockBackend::status) of `name` shows at least `waiting`
 /// entries behind the holder; for a backend without `status`, a fixed 300 ms pause instead.
 ///
+/// For a test that must act only once a waiter is in the store (a fixed pause before acting
+/// is too short on a busy machine).
+///
 /// # Panics
 /// When the status fails, or does not show them within [`BOUND`].
-pub(crate) async fn until_queued<B: LockBackend + ?Sized>(
+///
+/// # Cancel safety
+/// Cancel safe: it only reads.
+pub async fn until_queued<B: LockBackend + ?Sized>(
     what: &str,
     backend: &B,
     name: &LockName,

@@ -285,11 +285,7 @@ async fn a_waiter_whose_lease_is_revoked_is_never_granted() {
     // Revoked once b's key waits in the store: revoked before its put, b would campaign
     // again on a new lease and be granted, which is not the case under test.
     let name = fencelock::LockName::new("job").unwrap();
-    let queued = Instant::now();
-    while c.status(&name).await.unwrap().waiting < 1 {
-        assert!(queued.elapsed() < BOUND, "b's wait never reached the store");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    fencelock::testkit::until_queued("b's wait reaches the store", &c, &name, 1).await;
     let lease = b.lease_id().await.unwrap();
     common::shared_single()
         .etcdctl(&["lease", "revoke", &format!("{lease:x}")])

@@ -160,10 +160,7 @@ impl PgServer {
     /// Stops the server in immediate mode (SIGQUIT: no checkpoint, crash recovery at the next
     /// start) and starts it again on its data.
     pub fn restart(&mut self) {
-        self.server.signal("-QUIT");
-        if let Some(mut child) = self.server.child.take() {
-            let _ = child.wait();
-        }
+        self.server.stop("-QUIT", Duration::from_secs(10));
         self.server.start();
         self.wait_ready();
     }
