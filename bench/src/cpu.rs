@@ -4,6 +4,7 @@
 //! `valgrind --tool=callgrind`, (instructions at `n`) - (instructions at 0), divided by `n`, is
 //! what one operation costs the client process (every thread: the caller, the runtime, the
 //! client's connection tasks); `bench/cpu-profile` runs the six pairs and prints the table.
+//! `FENCELOCK_BENCH_HOLD_MS` holds each lock that long before its release.
 
 use crate::latency::{EtcdClients, ZkClients};
 use crate::servers::Servers;
@@ -12,6 +13,15 @@ use crate::servers::Servers;
 const WARMUP: usize = 20;
 
 pub async fn run(store: &str, client: &str, n: usize) {
+    // `FENCELOCK_BENCH_HOLD_MS=<ms>`: each op holds its lock that long (the caller's thread
+    // sleeps), as a lock is held for some work, so that what the client does while a lock is
+    // held (the held-key watch) is counted as it happens in use.
+    if let Some(ms) = std::env::var("FENCELOCK_BENCH_HOLD_MS")
+        .ok()
+        .and_then(|ms| ms.parse().ok())
+    {
+        let _ = crate::latency::HOLD.set(std::time::Duration::from_millis(ms));
+    }
     let servers = Servers::start(1);
     let which = ["fencelock", "raw", "peer"]
         .iter()

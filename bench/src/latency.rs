@@ -53,7 +53,16 @@ static GRANTED: std::sync::Mutex<Option<Instant>> = std::sync::Mutex::new(None);
 /// as an argument: `many`'s tasks run at once and pass [`unmarked`]).
 fn granted() {
     *GRANTED.lock().unwrap() = Some(Instant::now());
+    if let Some(hold) = HOLD.get() {
+        // Blocks the caller's thread: what a held lock costs the client is its other threads'
+        // work (the `cpu` profile counts instructions, not time).
+        std::thread::sleep(*hold);
+    }
 }
+
+/// How long each op holds its lock before the release (`cpu` with `FENCELOCK_BENCH_HOLD_MS`);
+/// not at all unless set.
+pub static HOLD: std::sync::OnceLock<Duration> = std::sync::OnceLock::new();
 
 /// A fixed-seed xorshift shuffle: the same orders in every run.
 struct Shuffle(u64);

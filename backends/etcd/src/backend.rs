@@ -317,6 +317,9 @@ impl EtcdBackend {
             created,
             trigger,
             turn,
+            // A lock's and a candidate's key is the session's for the name; an RW entry's is
+            // unique to the attempt.
+            reused: !matches!(entry, Entry::Rw(_)),
         });
         Ok(guard)
     }
@@ -432,6 +435,7 @@ impl EtcdBackend {
             created,
             trigger,
             turn: None,
+            reused: false, // unique to the attempt
         });
         Ok(guard)
     }

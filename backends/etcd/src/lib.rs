@@ -52,11 +52,15 @@
 //!   request timeout, then in the background while the session lives;
 //! - **fenced state**: at `P .state/ N / <key>`, outside every lock's range, by Txns with the
 //!   same compare;
-//! - **held keys**: one Watch stream per session watches each granted key from its create
-//!   revision + 1, so a key deleted behind the holder's back (an operator's `etcdctl del`, a
-//!   revoked lease) fires the guard's `lost` within about a round trip; our own release's
-//!   delete ends that watch with one cancel. Both messages are sent by a task of the session,
-//!   after the grant and after the release, not on the request path.
+//! - **held keys**: one Watch stream per session watches each granted key (delete events
+//!   only) from its create revision + 1, so a key deleted behind the holder's back (an
+//!   operator's `etcdctl del`, a revoked lease) fires the guard's `lost` within about a round
+//!   trip. The watch is sent by a task of the session after the grant, not on the request path,
+//!   and outlives the release: the session's key for a name is always the same, so the name's
+//!   next grant is watched by it without a message (a delete counts against a grant only if it
+//!   is newer than the grant's create revision). Up to 1,024 released keys keep their watch;
+//!   beyond that the longest idle is cancelled. A permit's and an RW entry's key is unique to
+//!   its attempt: its delete ends its watch with one cancel.
 //!
 //! | operation | requests |
 //! |---|---|
@@ -64,7 +68,7 @@
 //! | uncontended acquire | 1 Txn |
 //! | contended acquire | 1 Txn; per predecessor 1 Txn + 1 Watch stream (2 registrations) + 1 Range; then the granting Txn |
 //! | release, fenced put/get/delete | 1 Txn |
-//! | held-key watch (whole session) | 1 Watch stream; 1 message per grant, 1 per release |
+//! | held-key watch (whole session) | 1 Watch stream; 1 message per key's first grant (a permit's or RW entry's: 1 per grant, 1 per release) |
 //! | renewal (whole session) | 1 LeaseKeepAlive message per TTL/3 |
 //!
 //! # Semaphores

@@ -2,20 +2,31 @@
 //! one round trip when its key disappears behind its back (an operator's `etcdctl del`, a
 //! revoked lease), instead of at its next fenced operation or never.
 //!
-//! One Watch stream per session, opened when the first lock is granted. Each grant adds one
-//! watch on its key from `create_revision + 1` (so a delete that came before the watch is still
-//! reported), with a watch id of our own (etcd 3.4+); the key's delete event (our own release's
-//! included) ends the watch with one cancel. A broken stream is reopened with backoff and every
-//! key watched again from its create revision; a watch that etcd cancels because that revision
-//! was compacted is replaced by one read of the key.
+//! One Watch stream per session, opened when the first lock is granted. A key's first grant adds
+//! one watch on it from `create_revision + 1` (so a delete that came before the watch is still
+//! reported), with a watch id of our own (etcd 3.4+), for delete events only. The watch outlives
+//! the release: a session's key for a name is always the same (`P N / <lease hex>`), so the
+//! name's next grant is watched by it with no message at all, and the watch covers the key from
+//! the first moment of that grant. A delete is the holder's loss only if it is newer than the
+//! grant's create revision (the previous grant's delete can arrive after the next grant). Idle
+//! watches are kept up to [`IDLE_WATCHES`], then the longest idle is cancelled; a permit's or an
+//! RW entry's key is unique to its attempt, so its watch ends with its delete. A broken stream is reopened with
+//! backoff and every held key watched again from its create revision (idle ones are dropped); a
+//! watch that etcd cancels because that revision was compacted is replaced by one read of the
+//! key.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use etcd_client::{Client, EventType, WatchOptions, WatchStream};
+use etcd_client::{Client, EventType, WatchFilterType, WatchOptions, WatchStream};
 use fencelock::raw::{Backoff, SharedTurn};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+
+/// Released keys whose watches a session keeps for their next grant: beyond it, the one idle
+/// longest is cancelled. A server-side watcher on one key costs etcd a few hundred bytes and no
+/// work until that key changes.
+pub(crate) const IDLE_WATCHES: usize = 1024;
 
 /// A held key to watch.
 pub(crate) struct Held {
@@ -26,15 +37,197 @@ pub(crate) struct Held {
     /// The session's turn on the lock's name (shared with the guard), ended here once the key
     /// is known gone.
     pub(crate) turn: Option<SharedTurn>,
+    /// Whether the session will put this key again (a lock's or a candidate's key), so its
+    /// watch is worth keeping after the delete; a permit's or an RW entry's key is put once.
+    pub(crate) reused: bool,
 }
 
 impl Held {
+    fn split(self) -> (Arc<str>, Grant) {
+        let Held {
+            key,
+            created,
+            trigger,
+            turn,
+            reused,
+        } = self;
+        (
+            key,
+            Grant {
+                created,
+                trigger,
+                turn,
+                reused,
+            },
+        )
+    }
+}
+
+/// A [`Held`] as its key's watch keeps it: the key is the map's.
+struct Grant {
+    created: i64,
+    trigger: CancellationToken,
+    turn: Option<SharedTurn>,
+    reused: bool,
+}
+
+impl Grant {
     /// The key is gone: the guard's `lost` fires (unless it was released) and the session's
     /// next task on the name may put the key again.
-    fn gone(&self) {
+    fn gone(&self, key: &str) {
+        if !self.trigger.is_cancelled() {
+            tracing::warn!(%key, "etcd: our lock key was deleted behind our back; lock lost");
+        }
         self.trigger.cancel();
         if let Some(turn) = &self.turn {
             turn.end();
+        }
+    }
+}
+
+/// One watch on the stream. (A reopened stream watches a held key from the grant's create
+/// revision + 1 again, and drops idle ones.)
+struct Watched {
+    id: i64,
+    /// The newest delete of the key the watch has reported: a grant older than it is gone.
+    deleted: i64,
+    state: State,
+}
+
+enum State {
+    /// The grant the watch covers now.
+    Held(Grant),
+    /// No grant; its place among the idle ones (`Watches::idle`).
+    Idle(u64),
+}
+
+/// Every watch of the stream, by key (a key has one watch at most: a reused key's next grant
+/// takes its watch), and the idle ones by age. A held lock costs one entry, as before watches
+/// were kept (`fencelock-bench scale`'s heap per held lock).
+#[derive(Default)]
+struct Watches {
+    by_key: HashMap<Arc<str>, Watched>,
+    /// Idle watches, oldest first (a sequence number to the key).
+    idle: BTreeMap<u64, Arc<str>>,
+    next_idle: u64,
+    next_id: i64,
+}
+
+impl Watches {
+    /// A new watch for `key`'s grant; its id.
+    fn insert(&mut self, key: Arc<str>, grant: Grant) -> i64 {
+        self.next_id += 1;
+        let id = self.next_id;
+        let watched = Watched {
+            id,
+            deleted: 0,
+            state: State::Held(grant),
+        };
+        if let Some(Watched {
+            state: State::Idle(place),
+            ..
+        }) = self.by_key.insert(key, watched)
+        {
+            self.idle.remove(&place);
+        }
+        id
+    }
+
+    /// Hands `held` to its key's watch, if the stream has one; gives it back otherwise.
+    fn attach(&mut self, held: Held) -> Result<(), Held> {
+        let Some(watched) = self.by_key.get_mut(&held.key) else {
+            return Err(held);
+        };
+        let (key, grant) = held.split();
+        let earlier = std::mem::replace(&mut watched.state, State::Idle(0));
+        match earlier {
+            State::Idle(place) => {
+                self.idle.remove(&place);
+            }
+            // The key was put again, so the earlier grant's key was deleted: released (its
+            // delete event is still on its way) or behind its back.
+            State::Held(earlier) => earlier.gone(&key),
+        }
+        if watched.deleted > grant.created {
+            // Deleted since the grant, reported before the grant reached this task.
+            grant.gone(&key);
+            self.park(&key);
+        } else {
+            watched.state = State::Held(grant);
+        }
+        Ok(())
+    }
+
+    /// `key`'s watch `id` reported its delete at `revision` (`i64::MAX` when etcd did not say:
+    /// the grant held now is gone): its grant, if older, is gone. The watch's id when it is
+    /// over (a permit's): cancel it.
+    fn deleted(&mut self, key: &str, id: i64, revision: i64) -> Option<i64> {
+        let watched = self.by_key.get_mut(key).filter(|w| w.id == id)?;
+        if revision < i64::MAX {
+            watched.deleted = watched.deleted.max(revision);
+        }
+        let State::Held(grant) = &watched.state else {
+            return None;
+        };
+        if revision <= grant.created {
+            return None; // the delete of a grant before the one held
+        }
+        grant.gone(key);
+        let reused = grant.reused;
+        if reused {
+            self.park(key);
+            None
+        } else {
+            self.by_key.remove(key);
+            Some(id)
+        }
+    }
+
+    /// `key`'s grant is over: its watch waits idle for the key's next grant.
+    fn park(&mut self, key: &str) {
+        let Some((key, _)) = self.by_key.get_key_value(key) else {
+            return;
+        };
+        let key = Arc::clone(key);
+        self.next_idle += 1;
+        if let Some(watched) = self.by_key.get_mut(&key) {
+            watched.state = State::Idle(self.next_idle);
+        }
+        self.idle.insert(self.next_idle, key);
+    }
+
+    /// Removes the watch `id` (a scan: only for etcd's cancel of a compacted start).
+    fn remove(&mut self, id: i64) -> Option<(Arc<str>, Watched)> {
+        let key = self
+            .by_key
+            .iter()
+            .find(|(_, w)| w.id == id)
+            .map(|(key, _)| Arc::clone(key))?;
+        let watched = self.by_key.remove_entry(&key)?;
+        if let State::Idle(place) = watched.1.state {
+            self.idle.remove(&place);
+        }
+        Some(watched)
+    }
+
+    /// The idle watches beyond [`IDLE_WATCHES`], oldest first, removed: cancel them.
+    fn over_bound(&mut self) -> Vec<i64> {
+        let mut over = Vec::new();
+        while self.idle.len() > IDLE_WATCHES {
+            let Some((_, key)) = self.idle.pop_first() else {
+                break;
+            };
+            if let Some(watched) = self.by_key.remove(&key) {
+                over.push(watched.id);
+            }
+        }
+        over
+    }
+
+    /// A broken stream: idle watches are not reopened.
+    fn drop_idle(&mut self) {
+        for (_, key) in std::mem::take(&mut self.idle) {
+            self.by_key.remove(&key);
         }
     }
 }
@@ -55,7 +248,8 @@ impl HeldKeys {
         (HeldKeys { tx }, task)
     }
 
-    /// Watches `held.key` until it is deleted; its deletion fires `held.trigger`.
+    /// Watches `held.key` until it is deleted (and then for its next grant); its deletion
+    /// fires `held.trigger`.
     pub(crate) fn watch(&self, held: Held) {
         let _ = self.tx.send(held);
     }
@@ -65,6 +259,7 @@ fn options(id: i64, from: i64) -> WatchOptions {
     WatchOptions::new()
         .with_start_revision(from)
         .with_watch_id(id)
+        .with_filters([WatchFilterType::NoPut])
 }
 
 async fn run(
@@ -72,13 +267,12 @@ async fn run(
     mut rx: mpsc::UnboundedReceiver<Held>,
     session_over: CancellationToken,
 ) {
-    let mut held: HashMap<i64, (Held, i64)> = HashMap::new(); // id -> (key, watch from)
-    let mut next_id: i64 = 1;
+    let mut watches = Watches::default();
     let mut backoff = Backoff::new();
     // Each pass opens one stream and serves it until it breaks; the session's end (at most one
     // TTL after etcd stops answering) or the session being dropped ends the loop.
     loop {
-        if held.is_empty() {
+        if watches.by_key.is_empty() {
             let first = tokio::select! {
                 () = session_over.cancelled() => return,
                 first = rx.recv() => match first { Some(first) => first, None => return },
@@ -86,11 +280,10 @@ async fn run(
             if first.trigger.is_cancelled() {
                 continue;
             }
-            let from = first.created + 1;
-            held.insert(next_id, (first, from));
-            next_id += 1;
+            let (key, grant) = first.split();
+            watches.insert(key, grant);
         }
-        let Some(mut stream) = open(&client, &held).await else {
+        let Some(mut stream) = open(&client, &watches).await else {
             tokio::select! {
                 () = session_over.cancelled() => return,
                 () = backoff.pause() => continue,
@@ -106,17 +299,20 @@ async fn run(
                     if added.trigger.is_cancelled() {
                         continue;
                     }
-                    let (id, from) = (next_id, added.created + 1);
-                    next_id += 1;
-                    let sent = stream.watch(added.key.as_bytes(), Some(options(id, from))).await;
-                    held.insert(id, (added, from));
+                    let Err(added) = watches.attach(added) else {
+                        continue;
+                    };
+                    let (key, grant) = added.split();
+                    let from = grant.created + 1;
+                    let id = watches.insert(Arc::clone(&key), grant);
+                    let sent = stream.watch(key.as_bytes(), Some(options(id, from))).await;
                     if sent.is_err() {
                         break;
                     }
                 }
                 message = stream.message() => match message {
                     Ok(Some(resp)) => {
-                        if !answer(&client, &mut stream, &mut held, &resp).await {
+                        if !answer(&client, &mut stream, &mut watches, &resp).await {
                             break;
                         }
                     }
@@ -125,6 +321,7 @@ async fn run(
             }
         }
         tracing::debug!("etcd: the held-keys watch stream broke; reopening");
+        watches.drop_idle();
         tokio::select! {
             () = session_over.cancelled() => return,
             () = backoff.pause() => {}
@@ -132,18 +329,25 @@ async fn run(
     }
 }
 
-/// Opens a stream watching every entry of `held` (`None` if etcd cannot be reached).
-async fn open(client: &Client, held: &HashMap<i64, (Held, i64)>) -> Option<WatchStream> {
-    let mut entries = held.iter();
-    let (id, (first, from)) = entries.next()?;
-    let mut watches = client.watch_client();
-    let mut stream = watches
-        .watch(first.key.as_bytes(), Some(options(*id, *from)))
+/// Opens a stream watching every held key of `watches` (there are no idle ones after a break)
+/// from its grant's create revision + 1 (`None` if etcd cannot be reached).
+async fn open(client: &Client, watches: &Watches) -> Option<WatchStream> {
+    let mut entries = watches
+        .by_key
+        .iter()
+        .filter_map(|(key, watched)| match &watched.state {
+            State::Held(grant) => Some((key, watched.id, grant.created + 1)),
+            State::Idle(_) => None,
+        });
+    let (key, id, from) = entries.next()?;
+    let mut client = client.watch_client();
+    let mut stream = client
+        .watch(key.as_bytes(), Some(options(id, from)))
         .await
         .ok()?;
-    for (id, (entry, from)) in entries {
+    for (key, id, from) in entries {
         stream
-            .watch(entry.key.as_bytes(), Some(options(*id, *from)))
+            .watch(key.as_bytes(), Some(options(id, from)))
             .await
             .ok()?;
     }
@@ -154,54 +358,168 @@ async fn open(client: &Client, held: &HashMap<i64, (Held, i64)>) -> Option<Watch
 async fn answer(
     client: &Client,
     stream: &mut WatchStream,
-    held: &mut HashMap<i64, (Held, i64)>,
+    watches: &mut Watches,
     resp: &etcd_client::WatchResponse,
 ) -> bool {
     let id = resp.watch_id();
-    if resp
-        .events()
-        .iter()
-        .any(|e| e.event_type() == EventType::Delete)
-    {
-        if let Some((gone, _)) = held.remove(&id) {
-            if !gone.trigger.is_cancelled() {
-                tracing::warn!(key = %gone.key, "etcd: our lock key was deleted behind our back; lock lost");
-            }
-            gone.gone();
-            return stream.cancel(id).await.is_ok();
+    let mut cancel = Vec::new();
+    for event in resp.events() {
+        if event.event_type() != EventType::Delete {
+            continue;
+        }
+        let Some(kv) = event.kv() else { continue };
+        let Ok(key) = std::str::from_utf8(kv.key()) else {
+            continue;
+        };
+        // A delete event's revision is the delete's (the header's is at least that).
+        let revision = Some(kv.mod_revision())
+            .filter(|r| *r > 0)
+            .or_else(|| resp.header().map(etcd_client::ResponseHeader::revision))
+            .unwrap_or(i64::MAX);
+        cancel.extend(watches.deleted(key, id, revision));
+    }
+    cancel.extend(watches.over_bound());
+    for id in cancel {
+        if stream.cancel(id).await.is_err() {
+            return false;
         }
     }
     if resp.canceled() {
-        let Some((entry, watched_from)) = held.remove(&id) else {
-            return true;
+        let Some((key, watched)) = watches.remove(id) else {
+            return true; // cancelled by us
+        };
+        let State::Held(grant) = watched.state else {
+            return true; // idle: the next grant of its key is watched anew
         };
         // Our start revision was compacted: read the key once instead of its history.
         let mut kv = client.kv_client();
-        match kv.get(entry.key.as_bytes(), None).await {
+        match kv.get(key.as_bytes(), None).await {
             Ok(now) => {
                 let ours = now
                     .kvs()
                     .first()
-                    .is_some_and(|kv| kv.create_revision() == entry.created);
+                    .is_some_and(|kv| kv.create_revision() == grant.created);
                 if !ours {
-                    if !entry.trigger.is_cancelled() {
-                        tracing::warn!(key = %entry.key, "etcd: our lock key is gone; lock lost");
-                    }
-                    entry.gone();
+                    grant.gone(&key);
                     return true;
                 }
-                let from = now.header().map_or(entry.created + 1, |h| h.revision() + 1);
-                let sent = stream
-                    .watch(entry.key.as_bytes(), Some(options(id, from)))
-                    .await;
-                held.insert(id, (entry, from));
+                let from = now.header().map_or(grant.created + 1, |h| h.revision() + 1);
+                let id = watches.insert(Arc::clone(&key), grant);
+                let sent = stream.watch(key.as_bytes(), Some(options(id, from))).await;
                 return sent.is_ok();
             }
             Err(_) => {
-                held.insert(id, (entry, watched_from)); // cancelled again on reopen, then read
+                // Watched again on reopen, from its create revision; cancelled again, then read.
+                watches.insert(key, grant);
                 return false;
             }
         }
     }
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: &str = "fencelock/job/1";
+
+    fn held(key: &str, created: i64, reused: bool) -> (Held, CancellationToken) {
+        let trigger = CancellationToken::new();
+        let held = Held {
+            key: Arc::from(key),
+            created,
+            trigger: trigger.clone(),
+            turn: None,
+            reused,
+        };
+        (held, trigger)
+    }
+
+    fn insert(watches: &mut Watches, held: Held) -> i64 {
+        let (key, grant) = held.split();
+        watches.insert(key, grant)
+    }
+
+    #[test]
+    fn an_earlier_grants_delete_arriving_late_does_not_end_the_next_grant() {
+        let mut watches = Watches::default();
+        let (first, first_lost) = held(KEY, 10, true);
+        let id = insert(&mut watches, first);
+        // Released at 11 and granted again at 12, the grant reaching the task first.
+        let (second, second_lost) = held(KEY, 12, true);
+        assert!(watches.attach(second).is_ok(), "the key's watch takes it");
+        assert!(first_lost.is_cancelled(), "the earlier grant's key is gone");
+        assert_eq!(
+            watches.deleted(KEY, id, 11),
+            None,
+            "a kept watch is not cancelled"
+        );
+        assert!(
+            !second_lost.is_cancelled(),
+            "11 is the earlier grant's delete"
+        );
+        assert_eq!(watches.deleted(KEY, id, 13), None);
+        assert!(second_lost.is_cancelled(), "13 is this grant's");
+        assert_eq!(watches.idle.len(), 1, "idle, kept for the next grant");
+    }
+
+    #[test]
+    fn a_grant_deleted_before_it_reaches_the_task_is_lost_at_once() {
+        let mut watches = Watches::default();
+        let (first, _) = held(KEY, 10, true);
+        let id = insert(&mut watches, first);
+        assert_eq!(watches.deleted(KEY, id, 11), None);
+        // Granted at 12 and deleted at 13, both before the grant reaches the task.
+        assert_eq!(watches.deleted(KEY, id, 13), None);
+        let (second, lost) = held(KEY, 12, true);
+        assert!(watches.attach(second).is_ok());
+        assert!(lost.is_cancelled());
+        let (third, lost) = held(KEY, 14, true);
+        assert!(watches.attach(third).is_ok());
+        assert!(!lost.is_cancelled(), "14 is newer than every delete seen");
+        assert_eq!(
+            watches.deleted(KEY, id + 1, 15),
+            None,
+            "another watch's event"
+        );
+        assert!(!lost.is_cancelled());
+    }
+
+    #[test]
+    fn a_permits_watch_ends_with_its_delete() {
+        let mut watches = Watches::default();
+        let (permit, lost) = held(KEY, 10, false);
+        let id = insert(&mut watches, permit);
+        assert_eq!(watches.deleted(KEY, id, 11), Some(id), "cancel it");
+        assert!(lost.is_cancelled());
+        assert!(watches.by_key.is_empty() && watches.idle.is_empty());
+        let (again, _) = held(KEY, 12, false);
+        assert!(
+            watches.attach(again).is_err(),
+            "a permit's key is never watched again"
+        );
+    }
+
+    #[test]
+    fn idle_watches_beyond_the_bound_go_oldest_first() {
+        let mut watches = Watches::default();
+        let mut ids = Vec::new();
+        for i in 0..=IDLE_WATCHES {
+            let key = format!("fencelock/n{i}/1");
+            let (h, _) = held(&key, 10, true);
+            let id = insert(&mut watches, h);
+            assert_eq!(watches.deleted(&key, id, 11), None);
+            ids.push(id);
+        }
+        assert_eq!(watches.over_bound(), vec![ids[0]]);
+        assert!(watches.over_bound().is_empty());
+        let (h, _) = held("fencelock/n0/1", 12, true);
+        assert!(watches.attach(h).is_err(), "n0's watch was cancelled");
+        let (h, _) = held("fencelock/n1/1", 12, true);
+        assert!(watches.attach(h).is_ok(), "n1's is kept");
+        assert_eq!(watches.idle.len(), IDLE_WATCHES - 1);
+        watches.drop_idle();
+        assert_eq!(watches.by_key.len(), 1, "only n1's, held, is left");
+    }
 }

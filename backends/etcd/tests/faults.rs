@@ -305,11 +305,7 @@ async fn a_waiter_whose_lease_is_revoked_is_never_granted() {
 /// session at once instead of failing until the keepalive notices (up to TTL/3 later).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_acquire_after_a_revoke_behind_our_back_opens_a_new_session() {
-    let factory = common::EtcdFactory::on(common::shared_single()).await;
-    let mut config = common::config(factory.endpoints.clone(), &factory.prefix);
-    config.ttl = Duration::from_secs(30); // the keepalive would not notice for 10 s
-    config.safety_margin = Duration::from_secs(1);
-    let backend = EtcdBackend::connect(config).await.unwrap();
+    let (_factory, backend) = slow_keepalive_backend().await;
     let _ = backend.lock("warm").await.unwrap().release().await.unwrap();
     let old = backend.lease_id().await.unwrap();
     common::shared_single()
@@ -324,32 +320,43 @@ async fn an_acquire_after_a_revoke_behind_our_back_opens_a_new_session() {
     assert_ne!(new, old);
 }
 
+/// A backend whose keepalive would not notice a lost key for 10 s (TTL 30 s), on the shared
+/// single node.
+async fn slow_keepalive_backend() -> (common::EtcdFactory, EtcdBackend) {
+    let factory = common::EtcdFactory::on(common::shared_single()).await;
+    let mut config = common::config(factory.endpoints.clone(), &factory.prefix);
+    config.ttl = Duration::from_secs(30);
+    config.safety_margin = Duration::from_secs(1);
+    let backend = EtcdBackend::connect(config).await.unwrap();
+    (factory, backend)
+}
+
+/// The key of the lock `job` held now, read with etcdctl.
+fn job_key(factory: &common::EtcdFactory) -> String {
+    let keys = common::shared_single()
+        .etcdctl(&[
+            "get",
+            "--prefix",
+            "--keys-only",
+            &format!("{}job/", factory.prefix),
+        ])
+        .unwrap();
+    keys.lines()
+        .find(|l| !l.trim().is_empty())
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
 /// Issue 13.3 (review F5): the holder's key is deleted behind its back (`etcdctl del`), or its
 /// lease revoked: `lost` fires within about a round trip, not at the next keepalive (or never,
 /// for a delete while the lease lives).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_deleted_or_revoked_behind_our_back_fires_lost_at_once() {
-    let factory = common::EtcdFactory::on(common::shared_single()).await;
-    let mut config = common::config(factory.endpoints.clone(), &factory.prefix);
-    config.ttl = Duration::from_secs(30); // the keepalive would not notice for 10 s
-    config.safety_margin = Duration::from_secs(1);
-    let backend = EtcdBackend::connect(config).await.unwrap();
+    let (factory, backend) = slow_keepalive_backend().await;
     for how in ["del", "revoke"] {
         let guard = backend.lock("job").await.unwrap();
-        let keys = common::shared_single()
-            .etcdctl(&[
-                "get",
-                "--prefix",
-                "--keys-only",
-                &format!("{}job/", factory.prefix),
-            ])
-            .unwrap();
-        let key = keys
-            .lines()
-            .find(|l| !l.trim().is_empty())
-            .unwrap()
-            .trim()
-            .to_owned();
+        let key = job_key(&factory);
         tokio::time::sleep(Duration::from_millis(200)).await; // the watch goes out after the grant
         let at = Instant::now();
         match how {
@@ -371,6 +378,47 @@ async fn a_key_deleted_or_revoked_behind_our_back_fires_lost_at_once() {
             fencelock::ReleaseOutcome::NotOwned
         );
     }
+}
+
+/// A key's watch outlives the release and covers the name's next grants (`src/watch.rs`): a
+/// delete behind the back of a grant that reused the watch fires `lost` at once, and the
+/// deletes of the grants before it (their events can arrive after the next grant) do not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_granted_again_is_watched_by_its_earlier_watch() {
+    let (factory, backend) = slow_keepalive_backend().await;
+    let first = backend.lock("job").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await; // the watch goes out after the grant
+    let _ = first.release().await.unwrap();
+    for i in 0..30 {
+        let guard = backend.lock("job").await.unwrap();
+        if i % 3 == 0 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(
+            guard.is_held(),
+            "grant {i} lost to an earlier grant's delete"
+        );
+        let _ = guard.release().await.unwrap();
+    }
+    let guard = backend.lock("job").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await; // every earlier delete has arrived
+    assert!(guard.is_held(), "lost to an earlier grant's delete");
+    let key = job_key(&factory);
+    let at = Instant::now();
+    common::shared_single().etcdctl(&["del", &key]).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), guard.lost())
+        .await
+        .expect("lost must fire well before the next keepalive");
+    eprintln!("del: lost {:?} after it", at.elapsed());
+    assert_eq!(
+        guard.release().await.unwrap(),
+        fencelock::ReleaseOutcome::NotOwned
+    );
+    // And the name is free for the session's next task, watched again.
+    let next = backend.lock("job").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(next.is_held());
+    let _ = next.release().await.unwrap();
 }
 
 /// Issue 16: an observer cut off while the leader changes reports the leader of now once the

@@ -11,8 +11,8 @@ use fencelock_testsupport::{unique, EtcdCluster};
 
 const METHODS: [&str; 5] = ["Txn", "Range", "Watch", "LeaseGrant", "DeleteRange"];
 
-/// The watch of a granted key is registered, and cancelled after its delete, by the session's
-/// watcher task, just after the call returns: give those messages the time to arrive.
+/// The watch of a granted key is registered by the session's watcher task just after the call
+/// returns: give its message the time to arrive.
 async fn settled(cluster: &EtcdCluster) -> BTreeMap<&'static str, u64> {
     tokio::time::sleep(Duration::from_millis(300)).await;
     counts(cluster)
@@ -36,13 +36,19 @@ fn delta(
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn uncontended_acquire_and_release_are_one_txn_each() {
+/// A single node of its own (its request counts are this test's alone) and a backend on it.
+async fn one_node() -> (EtcdCluster, EtcdBackend) {
     let cluster = EtcdCluster::start(1);
     let prefix = format!("{}/", unique("rt"));
     let backend = EtcdBackend::connect(common::config(cluster.endpoints(), &prefix))
         .await
         .unwrap();
+    (cluster, backend)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uncontended_acquire_and_release_are_one_txn_each() {
+    let (cluster, backend) = one_node().await;
 
     let before = counts(&cluster);
     let first = backend.lock("warm").await.unwrap();
@@ -58,14 +64,78 @@ async fn uncontended_acquire_and_release_are_one_txn_each() {
     eprintln!(
         "first acquire of a session: {first_acquire:?}\nacquire: {acquire:?}\nrelease: {release:?}"
     );
-    // Plus one message on the session's watch stream per grant (watch our key) and per release
-    // (cancel that watch once the delete event came), off the request path.
+    // Plus one message on the session's watch stream when a key is first granted (watch it),
+    // off the request path. A release sends none: the watch stays for the next grant of the
+    // same key.
     assert_eq!(
         first_acquire,
         BTreeMap::from([("LeaseGrant", 1), ("Txn", 1), ("Watch", 1)])
     );
     assert_eq!(acquire, BTreeMap::from([("Txn", 1), ("Watch", 1)]));
-    assert_eq!(release, BTreeMap::from([("Txn", 1), ("Watch", 1)]));
+    assert_eq!(release, BTreeMap::from([("Txn", 1)]));
+
+    // The same name again: the session's key is the same, and so is its watch.
+    let before = counts(&cluster);
+    let again = backend.lock("job").await.unwrap();
+    let acquire = delta(&before, &settled(&cluster).await);
+    let before = counts(&cluster);
+    let _ = again.release().await.unwrap();
+    let release = delta(&before, &settled(&cluster).await);
+    eprintln!("acquire again: {acquire:?}\nrelease again: {release:?}");
+    assert_eq!(acquire, BTreeMap::from([("Txn", 1)]));
+    assert_eq!(release, BTreeMap::from([("Txn", 1)]));
+}
+
+/// A released key's watch is kept for its next grant, but not without bound: past 1,024 idle
+/// keys the session cancels the watch of the one idle longest, one cancel per key over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_watches_are_bounded() {
+    let (cluster, backend) = one_node().await;
+    // Held until every key is watched (a guard released before its watch went out is not
+    // watched at all), then released: 1,024 idle watches.
+    let before = counts(&cluster);
+    let mut guards = Vec::new();
+    for i in 0..1024 {
+        guards.push(backend.lock(&format!("n{i}")).await.unwrap());
+    }
+    let watched = || delta(&before, &counts(&cluster)).get("Watch").copied();
+    for _ in 0..600 {
+        if watched() == Some(1024) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(watched(), Some(1024));
+    for guard in guards {
+        let _ = guard.release().await.unwrap();
+    }
+    let cycle = |name: String| {
+        let (backend, cluster) = (&backend, &cluster);
+        async move {
+            let guard = backend.lock(&name).await.unwrap();
+            let _ = settled(cluster).await;
+            let _ = guard.release().await.unwrap();
+        }
+    };
+    let before = settled(&cluster).await;
+    for i in 1024..1027 {
+        cycle(format!("n{i}")).await;
+    }
+    let over = delta(&before, &settled(&cluster).await);
+    eprintln!("3 names over the bound: {over:?}");
+    // Per name: its acquire and release Txns, the watch of its key and the cancel of the
+    // longest idle one's.
+    assert_eq!(over, BTreeMap::from([("Txn", 6), ("Watch", 6)]));
+    // The first names' watches are gone, the latest kept: n1026 again is watched already, n0
+    // anew (and the longest idle, n3's, is cancelled).
+    let before = counts(&cluster);
+    cycle("n1026".to_owned()).await;
+    let kept = delta(&before, &settled(&cluster).await);
+    assert_eq!(kept, BTreeMap::from([("Txn", 2)]));
+    let before = counts(&cluster);
+    cycle("n0".to_owned()).await;
+    let anew = delta(&before, &settled(&cluster).await);
+    assert_eq!(anew, BTreeMap::from([("Txn", 2), ("Watch", 2)]));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -88,7 +158,7 @@ async fn a_waiter_watches_only_its_predecessor() {
             let guard = backend.lock("job").await.unwrap();
             tokio::time::sleep(Duration::from_millis(50)).await;
             let _ = guard.release().await.unwrap();
-            backend // kept until counted: its session's watch stream sends the cancel
+            backend // kept until counted: its session ends with it
         }));
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
@@ -114,9 +184,9 @@ async fn a_waiter_watches_only_its_predecessor() {
     // Each handoff: one Txn by the woken waiter, which finds no older key and is the grant; plus 4
     // release Txns. No herd: a release wakes one watcher, so no other request is made.
     assert_eq!(all.get("Range"), Some(&3));
-    // The 6 predecessor watches, plus per grant one watch of the new holder's key and per
-    // release (4) one cancel of it.
-    assert_eq!(all.get("Watch"), Some(&(6 + 3 + 4)));
+    // The 6 predecessor watches, plus per grant one watch of the new holder's key; releases
+    // keep theirs for the next grant.
+    assert_eq!(all.get("Watch"), Some(&(6 + 3)));
     assert_eq!(all.get("Txn"), Some(&(6 + 3 + 4)));
 }
 
