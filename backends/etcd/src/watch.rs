@@ -15,7 +15,7 @@
 //! watch that etcd cancels because that revision was compacted is replaced by one read of the
 //! key.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 
 use etcd_client::{Client, EventType, WatchFilterType, WatchOptions, WatchStream};
@@ -111,6 +111,9 @@ struct Watches {
     idle: BTreeMap<u64, Arc<str>>,
     next_idle: u64,
     next_id: i64,
+    /// Watches we cancelled, until etcd's answer: etcd 3.4 answers each cancel with a
+    /// cancelled response, which needs no lookup in `by_key`.
+    cancelling: HashSet<i64>,
 }
 
 impl Watches {
@@ -196,7 +199,7 @@ impl Watches {
         self.idle.insert(self.next_idle, key);
     }
 
-    /// Removes the watch `id` (a scan: only for etcd's cancel of a compacted start).
+    /// Removes the watch `id` (a scan: only for a cancel we did not send, a compacted start).
     fn remove(&mut self, id: i64) -> Option<(Arc<str>, Watched)> {
         let key = self
             .by_key
@@ -224,8 +227,9 @@ impl Watches {
         over
     }
 
-    /// A broken stream: idle watches are not reopened.
+    /// A broken stream: idle watches are not reopened, and cancels sent on it get no answer.
     fn drop_idle(&mut self) {
+        self.cancelling.clear();
         for (_, key) in std::mem::take(&mut self.idle) {
             self.by_key.remove(&key);
         }
@@ -380,13 +384,17 @@ async fn answer(
     }
     cancel.extend(watches.over_bound());
     for id in cancel {
+        watches.cancelling.insert(id);
         if stream.cancel(id).await.is_err() {
             return false;
         }
     }
     if resp.canceled() {
-        let Some((key, watched)) = watches.remove(id) else {
+        if watches.cancelling.remove(&id) {
             return true; // cancelled by us
+        }
+        let Some((key, watched)) = watches.remove(id) else {
+            return true;
         };
         let State::Held(grant) = watched.state else {
             return true; // idle: the next grant of its key is watched anew
