@@ -10,10 +10,11 @@
 //! the first moment of that grant. A delete is the holder's loss only if it is newer than the
 //! grant's create revision (the previous grant's delete can arrive after the next grant). Idle
 //! watches are kept up to [`IDLE_WATCHES`], then the longest idle is cancelled; a permit's or an
-//! RW entry's key is unique to its attempt, so its watch ends with its delete. A broken stream is reopened with
-//! backoff and every held key watched again from its create revision (idle ones are dropped); a
-//! watch that etcd cancels because that revision was compacted is replaced by one read of the
-//! key.
+//! RW entry's key is unique to its attempt, so its watch ends with its delete. A broken stream
+//! is reopened with backoff and every held key watched again from its create revision (idle
+//! ones are dropped); a watch that etcd cancels because that revision was compacted is
+//! replaced by one read of the key, and watched from the read's revision on, also after a
+//! later reopen.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
@@ -85,20 +86,21 @@ impl Grant {
     }
 }
 
-/// One watch on the stream. (A reopened stream watches a held key from the grant's create
-/// revision + 1 again, and drops idle ones.)
+/// One watch on the stream.
 struct Watched {
     id: i64,
-    /// The newest delete of the key the watch has reported: a grant older than it is gone.
-    deleted: i64,
     state: State,
 }
 
 enum State {
-    /// The grant the watch covers now.
-    Held(Grant),
-    /// No grant; its place among the idle ones (`Watches::idle`).
-    Idle(u64),
+    /// The grant the watch covers now, and where a reopened stream starts the watch: the
+    /// grant's create revision + 1, or later once a read after a compaction confirmed the key.
+    /// (No delete newer than the grant can have been seen while it is held: it would have
+    /// ended it.)
+    Held { grant: Grant, from: i64 },
+    /// No grant: its place among the idle ones (`Watches::idle`), and the newest delete of the
+    /// key the watch has reported (a grant older than that is gone).
+    Idle { place: u64, deleted: i64 },
 }
 
 /// Every watch of the stream, by key (a key has one watch at most: a reused key's next grant
@@ -117,17 +119,16 @@ struct Watches {
 }
 
 impl Watches {
-    /// A new watch for `key`'s grant; its id.
-    fn insert(&mut self, key: Arc<str>, grant: Grant) -> i64 {
+    /// A new watch for `key`'s grant, from revision `from`; its id.
+    fn insert(&mut self, key: Arc<str>, grant: Grant, from: i64) -> i64 {
         self.next_id += 1;
         let id = self.next_id;
         let watched = Watched {
             id,
-            deleted: 0,
-            state: State::Held(grant),
+            state: State::Held { grant, from },
         };
         if let Some(Watched {
-            state: State::Idle(place),
+            state: State::Idle { place, .. },
             ..
         }) = self.by_key.insert(key, watched)
         {
@@ -142,22 +143,26 @@ impl Watches {
             return Err(held);
         };
         let (key, grant) = held.split();
-        let earlier = std::mem::replace(&mut watched.state, State::Idle(0));
-        match earlier {
-            State::Idle(place) => {
+        let from = grant.created + 1;
+        let idle = State::Idle {
+            place: 0,
+            deleted: 0,
+        };
+        match std::mem::replace(&mut watched.state, idle) {
+            State::Idle { place, deleted } => {
                 self.idle.remove(&place);
+                if deleted > grant.created {
+                    // Deleted since the grant, reported before the grant reached this task.
+                    grant.gone(&key);
+                    self.park(&key, deleted);
+                    return Ok(());
+                }
             }
             // The key was put again, so the earlier grant's key was deleted: released (its
             // delete event is still on its way) or behind its back.
-            State::Held(earlier) => earlier.gone(&key),
+            State::Held { grant: earlier, .. } => earlier.gone(&key),
         }
-        if watched.deleted > grant.created {
-            // Deleted since the grant, reported before the grant reached this task.
-            grant.gone(&key);
-            self.park(&key);
-        } else {
-            watched.state = State::Held(grant);
-        }
+        watched.state = State::Held { grant, from };
         Ok(())
     }
 
@@ -166,19 +171,27 @@ impl Watches {
     /// over (a permit's): cancel it.
     fn deleted(&mut self, key: &str, id: i64, revision: i64) -> Option<i64> {
         let watched = self.by_key.get_mut(key).filter(|w| w.id == id)?;
-        if revision < i64::MAX {
-            watched.deleted = watched.deleted.max(revision);
-        }
-        let State::Held(grant) = &watched.state else {
-            return None;
+        let grant = match &mut watched.state {
+            State::Idle { deleted, .. } => {
+                if revision < i64::MAX {
+                    *deleted = (*deleted).max(revision);
+                }
+                return None;
+            }
+            State::Held { grant, .. } => grant,
         };
         if revision <= grant.created {
             return None; // the delete of a grant before the one held
         }
         grant.gone(key);
-        let reused = grant.reused;
-        if reused {
-            self.park(key);
+        // Unknown, it is at least past the grant, and every later grant is later than it.
+        let deleted = if revision == i64::MAX {
+            grant.created + 1
+        } else {
+            revision
+        };
+        if grant.reused {
+            self.park(key, deleted);
             None
         } else {
             self.by_key.remove(key);
@@ -186,17 +199,19 @@ impl Watches {
         }
     }
 
-    /// `key`'s grant is over: its watch waits idle for the key's next grant.
-    fn park(&mut self, key: &str) {
+    /// `key`'s grant is over, deleted at `deleted`: its watch waits idle for the key's next
+    /// grant.
+    fn park(&mut self, key: &str, deleted: i64) {
         let Some((key, _)) = self.by_key.get_key_value(key) else {
             return;
         };
         let key = Arc::clone(key);
         self.next_idle += 1;
+        let place = self.next_idle;
         if let Some(watched) = self.by_key.get_mut(&key) {
-            watched.state = State::Idle(self.next_idle);
+            watched.state = State::Idle { place, deleted };
         }
-        self.idle.insert(self.next_idle, key);
+        self.idle.insert(place, key);
     }
 
     /// Removes the watch `id` (a scan: only for a cancel we did not send, a compacted start).
@@ -207,7 +222,7 @@ impl Watches {
             .find(|(_, w)| w.id == id)
             .map(|(key, _)| Arc::clone(key))?;
         let watched = self.by_key.remove_entry(&key)?;
-        if let State::Idle(place) = watched.1.state {
+        if let State::Idle { place, .. } = watched.1.state {
             self.idle.remove(&place);
         }
         Some(watched)
@@ -225,6 +240,16 @@ impl Watches {
             }
         }
         over
+    }
+
+    /// What a reopened stream watches: each held key, its watch id, and from where.
+    fn to_reopen(&self) -> impl Iterator<Item = (&Arc<str>, i64, i64)> {
+        self.by_key
+            .iter()
+            .filter_map(|(key, watched)| match &watched.state {
+                State::Held { from, .. } => Some((key, watched.id, *from)),
+                State::Idle { .. } => None,
+            })
     }
 
     /// A broken stream: idle watches are not reopened, and cancels sent on it get no answer.
@@ -285,7 +310,8 @@ async fn run(
                 continue;
             }
             let (key, grant) = first.split();
-            watches.insert(key, grant);
+            let from = grant.created + 1;
+            watches.insert(key, grant, from);
         }
         let Some(mut stream) = open(&client, &watches).await else {
             tokio::select! {
@@ -308,7 +334,7 @@ async fn run(
                     };
                     let (key, grant) = added.split();
                     let from = grant.created + 1;
-                    let id = watches.insert(Arc::clone(&key), grant);
+                    let id = watches.insert(Arc::clone(&key), grant, from);
                     let sent = stream.watch(key.as_bytes(), Some(options(id, from))).await;
                     if sent.is_err() {
                         break;
@@ -334,15 +360,9 @@ async fn run(
 }
 
 /// Opens a stream watching every held key of `watches` (there are no idle ones after a break)
-/// from its grant's create revision + 1 (`None` if etcd cannot be reached).
+/// from its revision (`None` if etcd cannot be reached).
 async fn open(client: &Client, watches: &Watches) -> Option<WatchStream> {
-    let mut entries = watches
-        .by_key
-        .iter()
-        .filter_map(|(key, watched)| match &watched.state {
-            State::Held(grant) => Some((key, watched.id, grant.created + 1)),
-            State::Idle(_) => None,
-        });
+    let mut entries = watches.to_reopen();
     let (key, id, from) = entries.next()?;
     let mut client = client.watch_client();
     let mut stream = client
@@ -396,7 +416,7 @@ async fn answer(
         let Some((key, watched)) = watches.remove(id) else {
             return true;
         };
-        let State::Held(grant) = watched.state else {
+        let State::Held { grant, .. } = watched.state else {
             return true; // idle: the next grant of its key is watched anew
         };
         // Our start revision was compacted: read the key once instead of its history.
@@ -412,13 +432,14 @@ async fn answer(
                     return true;
                 }
                 let from = now.header().map_or(grant.created + 1, |h| h.revision() + 1);
-                let id = watches.insert(Arc::clone(&key), grant);
+                let id = watches.insert(Arc::clone(&key), grant, from);
                 let sent = stream.watch(key.as_bytes(), Some(options(id, from))).await;
                 return sent.is_ok();
             }
             Err(_) => {
                 // Watched again on reopen, from its create revision; cancelled again, then read.
-                watches.insert(key, grant);
+                let from = grant.created + 1;
+                watches.insert(key, grant, from);
                 return false;
             }
         }
@@ -446,7 +467,8 @@ mod tests {
 
     fn insert(watches: &mut Watches, held: Held) -> i64 {
         let (key, grant) = held.split();
-        watches.insert(key, grant)
+        let from = grant.created + 1;
+        watches.insert(key, grant, from)
     }
 
     #[test]
@@ -492,6 +514,32 @@ mod tests {
             "another watch's event"
         );
         assert!(!lost.is_cancelled());
+    }
+
+    #[test]
+    fn a_reopened_stream_watches_held_keys_from_where_they_were_confirmed() {
+        let mut watches = Watches::default();
+        let (held_key, _) = held(KEY, 10, true);
+        let (key, grant) = held_key.split();
+        // As after a compaction's read at revision 49.
+        let id = watches.insert(key, grant, 50);
+        let (idle, _) = held("fencelock/other/1", 20, true);
+        let other = insert(&mut watches, idle);
+        assert_eq!(watches.deleted("fencelock/other/1", other, 21), None);
+        let reopen: Vec<_> = watches
+            .to_reopen()
+            .map(|(_, id, from)| (id, from))
+            .collect();
+        assert_eq!(reopen, vec![(id, 50)], "the idle one is not reopened");
+        // The next grant of a key starts from its own create revision.
+        assert_eq!(watches.deleted(KEY, id, 60), None);
+        let (again, _) = held(KEY, 70, true);
+        assert!(watches.attach(again).is_ok());
+        let reopen: Vec<_> = watches
+            .to_reopen()
+            .map(|(_, id, from)| (id, from))
+            .collect();
+        assert_eq!(reopen, vec![(id, 71)]);
     }
 
     #[test]
