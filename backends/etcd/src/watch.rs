@@ -7,10 +7,13 @@
 //! reported), with a watch id of our own (etcd 3.4+), for delete events only. The watch outlives
 //! the release: a session's key for a name is always the same (`P N / <lease hex>`), so the
 //! name's next grant is watched by it with no message at all, and the watch covers the key from
-//! the first moment of that grant. A delete is the holder's loss only if it is newer than the
-//! grant's create revision (the previous grant's delete can arrive after the next grant). Idle
-//! watches are kept up to [`IDLE_WATCHES`], then the longest idle is cancelled; a permit's or an
-//! RW entry's key is unique to its attempt, so its watch ends with its delete. A broken stream
+//! the first moment of that grant. (A grant released before the watcher task sees it sends
+//! nothing, as before, and ends its key's idle watch: a name held that briefly would gain
+//! nothing from it but its release's delete event.) A delete is the holder's loss only if it is
+//! newer than the grant's create revision (the previous grant's delete can arrive after the
+//! next grant). Idle watches are kept up to [`IDLE_WATCHES`], then the longest idle is
+//! cancelled; a permit's or an RW entry's key is unique to its attempt, so its watch ends with
+//! its delete. A broken stream
 //! is reopened with backoff and every held key watched again from its create revision (idle
 //! ones are dropped); a watch that etcd cancels because that revision was compacted is
 //! replaced by one read of the key, and watched from the read's revision on, also after a
@@ -199,6 +202,19 @@ impl Watches {
         }
     }
 
+    /// Removes `key`'s watch if it is idle; its id, to cancel.
+    fn unkeep(&mut self, key: &str) -> Option<i64> {
+        let Some(Watched {
+            state: State::Idle { place, .. },
+            ..
+        }) = self.by_key.get(key)
+        else {
+            return None;
+        };
+        self.idle.remove(place);
+        self.by_key.remove(key).map(|watched| watched.id)
+    }
+
     /// `key`'s grant is over, deleted at `deleted`: its watch waits idle for the key's next
     /// grant.
     fn park(&mut self, key: &str, deleted: i64) {
@@ -327,6 +343,14 @@ async fn run(
                 added = rx.recv() => {
                     let Some(added) = added else { return };
                     if added.trigger.is_cancelled() {
+                        // Released before it was watched: a name held that briefly gains
+                        // nothing from a kept watch but its release's delete event.
+                        if let Some(id) = watches.unkeep(&added.key) {
+                            watches.cancelling.insert(id);
+                            if stream.cancel(id).await.is_err() {
+                                break;
+                            }
+                        }
                         continue;
                     }
                     let Err(added) = watches.attach(added) else {
@@ -540,6 +564,22 @@ mod tests {
             .map(|(_, id, from)| (id, from))
             .collect();
         assert_eq!(reopen, vec![(id, 71)]);
+    }
+
+    #[test]
+    fn a_grant_released_before_the_task_sees_it_ends_its_keys_idle_watch() {
+        let mut watches = Watches::default();
+        let (first, _) = held(KEY, 10, true);
+        let id = insert(&mut watches, first);
+        assert_eq!(watches.unkeep(KEY), None, "held: kept");
+        assert_eq!(watches.deleted(KEY, id, 11), None);
+        assert_eq!(watches.unkeep(KEY), Some(id), "idle: cancel it");
+        assert!(watches.by_key.is_empty() && watches.idle.is_empty());
+        let (next, _) = held(KEY, 12, true);
+        assert!(
+            watches.attach(next).is_err(),
+            "the next grant is watched anew"
+        );
     }
 
     #[test]
