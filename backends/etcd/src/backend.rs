@@ -20,7 +20,7 @@ use crate::mutex::{self, Granted, Unqueue};
 use crate::queue::Queues;
 use crate::semaphore::{self, Ours, PermitKey, Unpermit};
 use crate::session::Session;
-use crate::watch::Held;
+use crate::watch::{Held, KeyGrant};
 use crate::{call, EtcdConfig, KIND};
 
 /// A [`LockBackend`] on an etcd cluster.
@@ -314,12 +314,14 @@ impl EtcdBackend {
         .into_guard_with_trigger();
         session.held_keys.watch(Held {
             key,
-            created,
-            trigger,
-            turn,
-            // A lock's and a candidate's key is the session's for the name; an RW entry's is
-            // unique to the attempt.
-            reused: !matches!(entry, Entry::Rw(_)),
+            grant: KeyGrant {
+                created,
+                trigger,
+                turn,
+                // A lock's and a candidate's key is the session's for the name; an RW entry's
+                // is unique to the attempt.
+                reused: !matches!(entry, Entry::Rw(_)),
+            },
         });
         Ok(guard)
     }
@@ -432,10 +434,12 @@ impl EtcdBackend {
         .into_guard_with_trigger();
         session.held_keys.watch(Held {
             key,
-            created,
-            trigger,
-            turn: None,
-            reused: false, // unique to the attempt
+            grant: KeyGrant {
+                created,
+                trigger,
+                turn: None,
+                reused: false, // unique to the attempt
+            },
         });
         Ok(guard)
     }

@@ -35,6 +35,11 @@ pub(crate) const IDLE_WATCHES: usize = 1024;
 /// A held key to watch.
 pub(crate) struct Held {
     pub(crate) key: Arc<str>,
+    pub(crate) grant: KeyGrant,
+}
+
+/// A grant as its key's watch keeps it (the key is the map's).
+pub(crate) struct KeyGrant {
     pub(crate) created: i64,
     /// The guard's `lost`.
     pub(crate) trigger: CancellationToken,
@@ -46,36 +51,7 @@ pub(crate) struct Held {
     pub(crate) reused: bool,
 }
 
-impl Held {
-    fn split(self) -> (Arc<str>, Grant) {
-        let Held {
-            key,
-            created,
-            trigger,
-            turn,
-            reused,
-        } = self;
-        (
-            key,
-            Grant {
-                created,
-                trigger,
-                turn,
-                reused,
-            },
-        )
-    }
-}
-
-/// A [`Held`] as its key's watch keeps it: the key is the map's.
-struct Grant {
-    created: i64,
-    trigger: CancellationToken,
-    turn: Option<SharedTurn>,
-    reused: bool,
-}
-
-impl Grant {
+impl KeyGrant {
     /// The key is gone: the guard's `lost` fires (unless it was released) and the session's
     /// next task on the name may put the key again.
     fn gone(&self, key: &str) {
@@ -100,7 +76,7 @@ enum State {
     /// grant's create revision + 1, or later once a read after a compaction confirmed the key.
     /// (No delete newer than the grant can have been seen while it is held: it would have
     /// ended it.)
-    Held { grant: Grant, from: i64 },
+    Held { grant: KeyGrant, from: i64 },
     /// No grant: its place among the idle ones (`Watches::idle`), and the newest delete of the
     /// key the watch has reported (a grant older than that is gone).
     Idle { place: u64, deleted: i64 },
@@ -123,20 +99,13 @@ struct Watches {
 
 impl Watches {
     /// A new watch for `key`'s grant, from revision `from`; its id.
-    fn insert(&mut self, key: Arc<str>, grant: Grant, from: i64) -> i64 {
+    fn insert(&mut self, key: Arc<str>, grant: KeyGrant, from: i64) -> i64 {
         self.next_id += 1;
         let id = self.next_id;
-        let watched = Watched {
-            id,
-            state: State::Held { grant, from },
-        };
-        if let Some(Watched {
-            state: State::Idle { place, .. },
-            ..
-        }) = self.by_key.insert(key, watched)
-        {
-            self.idle.remove(&place);
-        }
+        // Callers insert only a key without a watch (its next grant found none, or it was
+        // removed first).
+        let state = State::Held { grant, from };
+        self.by_key.insert(key, Watched { id, state });
         id
     }
 
@@ -145,7 +114,7 @@ impl Watches {
         let Some(watched) = self.by_key.get_mut(&held.key) else {
             return Err(held);
         };
-        let (key, grant) = held.split();
+        let Held { key, grant } = held;
         let from = grant.created + 1;
         let idle = State::Idle {
             place: 0,
@@ -294,7 +263,7 @@ impl HeldKeys {
     }
 
     /// Watches `held.key` until it is deleted (and then for its next grant); its deletion
-    /// fires `held.trigger`.
+    /// fires `held.grant.trigger`.
     pub(crate) fn watch(&self, held: Held) {
         let _ = self.tx.send(held);
     }
@@ -322,10 +291,10 @@ async fn run(
                 () = session_over.cancelled() => return,
                 first = rx.recv() => match first { Some(first) => first, None => return },
             };
-            if first.trigger.is_cancelled() {
+            if first.grant.trigger.is_cancelled() {
                 continue;
             }
-            let (key, grant) = first.split();
+            let Held { key, grant } = first;
             let from = grant.created + 1;
             watches.insert(key, grant, from);
         }
@@ -342,7 +311,7 @@ async fn run(
                 () = session_over.cancelled() => return,
                 added = rx.recv() => {
                     let Some(added) = added else { return };
-                    if added.trigger.is_cancelled() {
+                    if added.grant.trigger.is_cancelled() {
                         // Released before it was watched: a name held that briefly gains
                         // nothing from a kept watch but its release's delete event.
                         if let Some(id) = watches.unkeep(&added.key) {
@@ -356,7 +325,7 @@ async fn run(
                     let Err(added) = watches.attach(added) else {
                         continue;
                     };
-                    let (key, grant) = added.split();
+                    let Held { key, grant } = added;
                     let from = grant.created + 1;
                     let id = watches.insert(Arc::clone(&key), grant, from);
                     let sent = stream.watch(key.as_bytes(), Some(options(id, from))).await;
@@ -479,20 +448,22 @@ mod tests {
 
     fn held(key: &str, created: i64, reused: bool) -> (Held, CancellationToken) {
         let trigger = CancellationToken::new();
-        let held = Held {
-            key: Arc::from(key),
+        let grant = KeyGrant {
             created,
             trigger: trigger.clone(),
             turn: None,
             reused,
         };
+        let held = Held {
+            key: Arc::from(key),
+            grant,
+        };
         (held, trigger)
     }
 
     fn insert(watches: &mut Watches, held: Held) -> i64 {
-        let (key, grant) = held.split();
-        let from = grant.created + 1;
-        watches.insert(key, grant, from)
+        let from = held.grant.created + 1;
+        watches.insert(held.key, held.grant, from)
     }
 
     #[test]
@@ -544,7 +515,7 @@ mod tests {
     fn a_reopened_stream_watches_held_keys_from_where_they_were_confirmed() {
         let mut watches = Watches::default();
         let (held_key, _) = held(KEY, 10, true);
-        let (key, grant) = held_key.split();
+        let Held { key, grant } = held_key;
         // As after a compaction's read at revision 49.
         let id = watches.insert(key, grant, 50);
         let (idle, _) = held("fencelock/other/1", 20, true);
