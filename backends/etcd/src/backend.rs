@@ -179,7 +179,8 @@ impl EtcdBackend {
                     .await?,
             ),
         };
-        let at = at(session.lease);
+        // Shared with the enqueue's future, which may outlive this one (a withdrawal's task).
+        let at = Arc::new(at(session.lease));
         let (value, unique) = match entry {
             Entry::Lock | Entry::Rw(_) => {
                 let value = mutex::attempt_value(&self.owner);
@@ -190,12 +191,11 @@ impl EtcdBackend {
         let enqueue = {
             // Handles, not clones: a `Client` by value would make every acquire future
             // (and this task) kilobytes larger, and moving them costs on the hot path.
-            let (client, at, name, session, value) = (
+            let (client, at, name, session) = (
                 Arc::clone(&self.client),
-                at.clone(),
+                Arc::clone(&at),
                 name.clone(),
                 Arc::clone(&session),
-                value.clone(),
             );
             async move { mutex::enqueue(&client, &at, &name, &session, &value, limit).await }
         };

@@ -64,8 +64,10 @@ pub(crate) async fn enqueue(
             ])
             .or_else([TxnOp::get(key.as_str(), None)]);
         let resp = txn_call("enqueue for the lock", client, txn, limit).await?;
+        // Taken once: etcd-client copies every response (keys and values) on each call.
+        let ops = resp.op_responses();
         if !resp.succeeded() {
-            let stale = first_kv(&resp, 0).map(|kv| kv.0);
+            let stale = first_kv(&ops, 0).map(|kv| kv.0);
             if let Some(stale) = stale {
                 tracing::debug!(lock = %name, stale, "etcd: deleting a leftover key of this session");
                 delete_if_created(client, &key, stale, limit).await?;
@@ -76,7 +78,7 @@ pub(crate) async fn enqueue(
         let created = revision(&resp, "enqueue for the lock")?;
         // A reader's scan range holds only writers; everyone else's holds their own key too.
         let ours_scanned = key.starts_with(prefix.as_str());
-        let first = match resp.op_responses().into_iter().nth(1) {
+        let first = match ops.get(1) {
             Some(TxnOpResponse::Get(range)) => {
                 // The Range counts every key under the prefix (ours included, if it is there)
                 // in the same transaction as our put: the queue ahead of us, exactly.
@@ -102,7 +104,7 @@ pub(crate) async fn enqueue(
                 ))
             }
         };
-        let checkpoint = first_kv(&resp, 2).map(|(_, value)| value);
+        let checkpoint = first_kv(&ops, 2).map(|(_, value)| value);
         return Ok(Queued {
             key,
             created,
@@ -167,8 +169,9 @@ pub(crate) async fn wait_for_turn(
         if !resp.succeeded() {
             return Err(Error::lost(name));
         }
+        let ops = resp.op_responses();
         // Fail closed: only a Range that came back empty means no older contender.
-        let predecessor = match resp.op_responses().into_iter().next() {
+        let predecessor = match ops.first() {
             Some(TxnOpResponse::Get(range)) => range
                 .kvs()
                 .first()
@@ -183,7 +186,7 @@ pub(crate) async fn wait_for_turn(
         let Some((key, created)) = predecessor else {
             return Ok(Granted {
                 token: revision(&resp, "look for older contenders")?,
-                checkpoint: first_kv(&resp, 1).map(|(_, value)| value),
+                checkpoint: first_kv(&ops, 1).map(|(_, value)| value),
             });
         };
         tokio::select! {
@@ -404,9 +407,9 @@ fn first_created() -> GetOptions {
         .with_limit(1)
 }
 
-/// The first key of the `i`th Range in a Txn response: (create revision, value).
-pub(crate) fn first_kv(resp: &TxnResponse, i: usize) -> Option<(i64, Vec<u8>)> {
-    match resp.op_responses().into_iter().nth(i)? {
+/// The first key of the `i`th Range of a Txn's responses: (create revision, value).
+pub(crate) fn first_kv(ops: &[TxnOpResponse], i: usize) -> Option<(i64, Vec<u8>)> {
+    match ops.get(i)? {
         TxnOpResponse::Get(get) => get
             .kvs()
             .first()
