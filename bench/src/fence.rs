@@ -48,6 +48,8 @@ enum Guard {
     /// SHARE` of the fence row, the held token's path without the `coalesce` around it)
     /// pipelined beside it: the least an admission that locks the row can cost.
     RowLock,
+    /// The admission inside the UPDATE's own `WHERE` (`PgFence::condition`, `execute`).
+    Condition,
 }
 
 const UPDATE: &str = "UPDATE bench_acct SET value = value + 1 WHERE id = $1";
@@ -67,6 +69,8 @@ async fn writes(
     let statement = client.prepare(UPDATE).await.unwrap();
     let admission = fence.prepare(&*client).await.unwrap();
     let one = client.prepare("SELECT 1").await.unwrap();
+    let conditioned = format!("{UPDATE} AND {}", fence.condition(2).unwrap());
+    let conditioned_statement = client.prepare(&conditioned).await.unwrap();
     let row_lock = client
         .prepare(&format!(
             "SELECT token FROM {} WHERE lock = 'bench' AND token = 7 FOR SHARE",
@@ -91,6 +95,19 @@ async fn writes(
         let token = FencingToken::new(7);
         let updated = match guard {
             Guard::Plain => update.await,
+            Guard::Condition => {
+                drop(update);
+                let fenced = if prepared {
+                    fence
+                        .execute(&tx, &conditioned_statement, &[&id], "bench", token)
+                        .await
+                } else {
+                    fence
+                        .execute(&tx, conditioned.as_str(), &[&id], "bench", token)
+                        .await
+                };
+                Ok(fenced.unwrap())
+            }
             Guard::Floor | Guard::RowLock => {
                 let beside = if guard == Guard::Floor {
                     &one
@@ -213,6 +230,10 @@ pub async fn run() {
         (Guard::Plain, "plain transaction (UPDATE)"),
         (Guard::Admit, "guarded: admit, then UPDATE"),
         (Guard::Pipelined, "guarded: admit_then(UPDATE), pipelined"),
+        (
+            Guard::Condition,
+            "guarded: the admission in the UPDATE's WHERE (`condition`)",
+        ),
     ];
     println!(
         "| write | UPDATE and admission | p50 | p99 | p50 / plain (target <= 1.3x) | p99 / plain |"
@@ -223,7 +244,7 @@ pub async fn run() {
         for (guard, _) in guards {
             writes(&mut client, &fence, guard, prepared, 1, 200, None).await;
         }
-        let mut samples = [Vec::new(), Vec::new(), Vec::new()];
+        let mut samples = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
         for _ in 0..4 {
             for (i, (guard, _)) in guards.iter().enumerate() {
                 samples[i].extend(
@@ -264,8 +285,8 @@ pub async fn run() {
         Guard::RowLock,
         "row lock alone: plain + a pipelined `SELECT ... FOR SHARE`",
     );
-    let guards = [guards[0], guards[1], guards[2], floor, row_lock];
-    let mut took = [Took::default(); 5];
+    let guards = [guards[0], guards[1], guards[2], guards[3], floor, row_lock];
+    let mut took = [Took::default(); 6];
     let blocks = blocks();
     for _ in 0..blocks {
         for (i, (guard, _)) in guards.iter().enumerate() {

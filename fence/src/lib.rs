@@ -3,8 +3,9 @@
 //!
 //! - In memory, in one process: [`fencelock::Fence`] (re-exported here).
 //! - **PostgreSQL** (feature `postgres`): [`postgres::PgFence`], a fence table whose check runs
-//!   in *your* transaction, so the check and your write commit together or not at all. The fence
-//!   survives restarts and is shared by every replica that uses the database.
+//!   in *your* transaction, so the check and your write commit together or not at all, or
+//!   inside your statement itself ([`postgres::PgFence::condition`]). The fence survives
+//!   restarts and is shared by every replica that uses the database.
 //! - [`FenceStore`]: where a resource keeps its marks and holds admissions, with the memory
 //!   ([`Fence`]) and PostgreSQL ([`postgres::PgFenceStore`]) implementations, and what an
 //!   implementation for Redis, DynamoDB or a file must guarantee.

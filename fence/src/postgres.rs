@@ -14,6 +14,7 @@ const ADMIT_SUFFIX: &str = "_admit";
 /// is the error's DETAIL.
 const STALE_SQLSTATE: &str = "FLSTL";
 
+mod statement;
 mod store;
 pub use store::PgFenceStore;
 
@@ -35,6 +36,9 @@ pub use store::PgFenceStore;
 /// is still open waits for the raise, and then (PostgreSQL locks the raised row before it
 /// re-checks it) for the same-token transactions that got in after the raise committed. Do not
 /// make one of those wait for it in your code: PostgreSQL cannot see that as a deadlock.
+///
+/// A write that is one statement can carry the admission in its own `WHERE` instead
+/// ([`condition`](PgFence::condition), [`execute`](PgFence::execute)): no statement besides it.
 ///
 /// ```no_run
 /// # async fn f(client: &mut tokio_postgres::Client, token: fencelock::FencingToken)
@@ -379,7 +383,7 @@ fn admitted(
     row: std::result::Result<tokio_postgres::Row, tokio_postgres::Error>,
 ) -> Result<()> {
     let row = row
-        .map_err(|e| admit_error(lock, token, e))
+        .map_err(|e| admit_error(lock, token, e, "admit a fencing token"))
         .inspect_err(|e| {
             if matches!(e, Error::StaleToken { .. }) {
                 fencelock::telemetry::record_admission("postgres", false);
@@ -487,7 +491,8 @@ fn from_sql(value: i64) -> Result<FencingToken> {
     })
 }
 
-fn admit_error(lock: &str, presented: FencingToken, e: tokio_postgres::Error) -> Error {
+/// The stale-token refusal the admission raised, or `what` failing.
+fn admit_error(lock: &str, presented: FencingToken, e: tokio_postgres::Error, what: &str) -> Error {
     let highest = e
         .as_db_error()
         .filter(|db| db.code().code() == STALE_SQLSTATE)
@@ -499,7 +504,7 @@ fn admit_error(lock: &str, presented: FencingToken, e: tokio_postgres::Error) ->
             presented,
             highest: FencingToken::new(highest),
         },
-        None => pg_error("admit a fencing token", e),
+        None => pg_error(what, e),
     }
 }
 

@@ -30,6 +30,8 @@ enum Mode {
     Pipelined,
     /// `admit_then` of the admission prepared on the writer's connection.
     Prepared,
+    /// The admission inside the statement (`PgFence::condition`).
+    Condition,
 }
 
 #[derive(Default)]
@@ -63,6 +65,11 @@ async fn writer(
         let sql = format!("SELECT value FROM {table} WHERE id = 1");
         let read = match mode {
             Mode::Plain => Ok(tx.query_one(&sql, &[]).await),
+            Mode::Condition => {
+                let fenced = format!("{sql} AND {}", fence.condition(1).unwrap());
+                let rows = fence.query(&tx, &fenced, &[], "account", token).await;
+                rows.map(|mut rows| Ok::<_, tokio_postgres::Error>(rows.remove(0)))
+            }
             Mode::Admit => match fence.admit(&tx, "account", token).await {
                 Ok(()) => Ok(tx.query_one(&sql, &[]).await),
                 Err(e) => Err(e),
@@ -105,6 +112,18 @@ async fn writer(
                 },
                 Mode::Pipelined => fence.admit_then(&tx, "account", token, write).await,
                 Mode::Prepared => prepared.admit_then(&tx, "account", token, write).await,
+                Mode::Condition => {
+                    let fenced = format!("{update} AND {}", fence.condition(2).unwrap());
+                    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&(value + 1)];
+                    match fence.execute(&tx, &fenced, &params, "account", token).await {
+                        // The rest of the transaction is fenced by the same row lock.
+                        Ok(updated) => {
+                            assert_eq!(updated, 1);
+                            Ok(tx.execute(&insert, &[&token_value]).await)
+                        }
+                        Err(e) => Err(e),
+                    }
+                }
             }
         };
         match written {
@@ -186,7 +205,12 @@ async fn stale_holders_never_commit_and_plain_writes_lose_updates() {
     let pg = Arc::new(PgServer::start());
     let etcd = EtcdCluster::start(1);
 
-    for mode in [Mode::Admit, Mode::Pipelined, Mode::Prepared] {
+    for mode in [
+        Mode::Admit,
+        Mode::Pipelined,
+        Mode::Prepared,
+        Mode::Condition,
+    ] {
         let (committed, refused, value, tokens) = run(&pg, &etcd, mode).await;
         println!("{mode:?}: {committed} committed, {refused} refused, register = {value}");
         assert!(
@@ -610,9 +634,12 @@ async fn the_held_token_is_admitted_without_the_function() {
     fence.admit(&tx, "jobs", t(3)).await.unwrap(); // the first admission inserts the row
     fence.admit(&tx, "jobs", t(4)).await.unwrap(); // a raise
     let after_raises: i64 = tx.query_one(calls, &[]).await.unwrap().get(0);
+    let fenced = format!("SELECT 1 WHERE {}", fence.condition(1).unwrap());
     for _ in 0..5 {
         fence.admit(&tx, "jobs", t(4)).await.unwrap();
         prepared.admit(&tx, "jobs", t(4)).await.unwrap();
+        let rows = fence.query(&tx, &fenced, &[], "jobs", t(4)).await.unwrap();
+        assert_eq!(rows.len(), 1);
     }
     let after_held: i64 = tx.query_one(calls, &[]).await.unwrap().get(0);
     assert!(
@@ -621,7 +648,7 @@ async fn the_held_token_is_admitted_without_the_function() {
     );
     assert_eq!(
         after_held, after_raises,
-        "ten admissions of the held token ran the function"
+        "fifteen admissions of the held token ran the function"
     );
     tx.commit().await.unwrap();
     let tx = client.transaction().await.unwrap();
@@ -630,4 +657,128 @@ async fn the_held_token_is_admitted_without_the_function() {
         matches!(&refused, Err(Error::StaleToken { highest, .. }) if highest.get() == 4),
         "{refused:?}"
     );
+}
+
+/// The admission inside the caller's statement (`PgFence::condition`): admitted, raised and
+/// refused like `admit`, in autocommit; a refused statement changes nothing; and the statement
+/// waits for a raise in flight without having locked the row it is about to change (the
+/// admission runs before any row reaches the UPDATE).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_with_the_condition_is_refused_before_it_changes_a_row() {
+    let pg = Arc::new(PgServer::start());
+    let fence = PgFence::new("stmt_fence").unwrap();
+    let mut a = connect(&pg).await;
+    fence.create_table(&a).await.unwrap();
+    a.batch_execute(
+        "CREATE TABLE acct (id int PRIMARY KEY, balance bigint NOT NULL); \
+         INSERT INTO acct VALUES (1, 100); \
+         CREATE TABLE audit (token bigint NOT NULL)",
+    )
+    .await
+    .unwrap();
+    let t = FencingToken::new;
+    let debit = format!(
+        "UPDATE acct SET balance = balance - $1 WHERE id = 1 AND {}",
+        fence.condition(2).unwrap()
+    );
+    let read = "SELECT balance FROM acct WHERE id = 1";
+
+    // Autocommit: the first admission, the held token, a raise, a refusal.
+    for (token, expect) in [(5, 90), (5, 80), (7, 70)] {
+        let n = fence
+            .execute(&a, &debit, &[&10i64], "acct", t(token))
+            .await
+            .unwrap();
+        assert_eq!(n, 1);
+        let now: i64 = a.query_one(read, &[]).await.unwrap().get(0);
+        assert_eq!(now, expect);
+    }
+    let refused = fence.execute(&a, &debit, &[&10i64], "acct", t(5)).await;
+    assert!(
+        matches!(&refused, Err(Error::StaleToken { highest, .. }) if highest.get() == 7),
+        "{refused:?}"
+    );
+    let now: i64 = a.query_one(read, &[]).await.unwrap().get(0);
+    assert_eq!(now, 70, "a refused statement changed the row");
+    assert_eq!(fence.highest(&a, "acct").await.unwrap(), Some(t(7)));
+
+    // An INSERT takes it as INSERT ... SELECT ... WHERE.
+    let audit = format!(
+        "INSERT INTO audit (token) SELECT $1 WHERE {}",
+        fence.condition(2).unwrap()
+    );
+    let n = fence
+        .execute(&a, &audit, &[&7i64], "acct", t(7))
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    assert!(matches!(
+        fence.execute(&a, &audit, &[&6i64], "acct", t(6)).await,
+        Err(Error::StaleToken { .. })
+    ));
+    let audited: i64 = a
+        .query_one("SELECT count(*) FROM audit", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(audited, 1);
+    assert!(matches!(
+        fence.condition(0),
+        Err(Error::InvalidConfig { .. })
+    ));
+
+    // A raise to 9 in flight (its transaction open, the fence row locked): the statement
+    // with 7 waits for it, and meanwhile has not locked the account's row.
+    let raise = a.transaction().await.unwrap();
+    fence.admit(&raise, "acct", t(9)).await.unwrap();
+    let b = connect(&pg).await;
+    let b_pid: i32 = b
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let stale = {
+        let (fence, debit) = (fence.clone(), debit.clone());
+        tokio::spawn(async move {
+            fence
+                .execute(&b, &debit, &[&10i64], "acct", FencingToken::new(7))
+                .await
+        })
+    };
+    let c = connect(&pg).await;
+    let mut waiting = false;
+    for _ in 0..200 {
+        let row = c
+            .query_one(
+                "SELECT coalesce(wait_event_type, '') FROM pg_stat_activity WHERE pid = $1",
+                &[&b_pid],
+            )
+            .await
+            .unwrap();
+        if row.get::<_, String>(0) == "Lock" {
+            waiting = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(
+        waiting,
+        "the statement did not wait for the raise; activity:\n{}",
+        activity(&pg).await
+    );
+    c.batch_execute("SET lock_timeout = '5s'").await.unwrap();
+    c.execute("UPDATE acct SET balance = balance WHERE id = 1", &[])
+        .await
+        .unwrap_or_else(|e| panic!("the waiting statement had locked the row it updates: {e}"));
+    raise.commit().await.unwrap();
+    let refused = tokio::time::timeout(Duration::from_secs(30), stale)
+        .await
+        .expect("the statement still waits after the raise committed")
+        .unwrap();
+    assert!(
+        matches!(&refused, Err(Error::StaleToken { highest, .. }) if highest.get() == 9),
+        "{refused:?}"
+    );
+    let now: i64 = c.query_one(read, &[]).await.unwrap().get(0);
+    assert_eq!(now, 70, "the stale statement changed the row");
 }
