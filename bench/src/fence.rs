@@ -48,8 +48,22 @@ enum Guard {
     /// SHARE` of the fence row, the held token's path without the `coalesce` around it)
     /// pipelined beside it: the least an admission that locks the row can cost.
     RowLock,
-    /// The admission inside the UPDATE's own `WHERE` (`PgFence::condition`, `execute`).
+    /// The plain UPDATE in autocommit (no `BEGIN`/`COMMIT`): what `Condition` compares with.
+    Autocommit,
+    /// The admission inside the UPDATE's own `WHERE` (`PgFence::condition`, `execute`), in
+    /// autocommit.
     Condition,
+}
+
+impl Guard {
+    /// The write this one's ratios are taken against: the plain write with the same
+    /// transaction shape.
+    fn reference(self) -> Guard {
+        match self {
+            Guard::Autocommit | Guard::Condition => Guard::Autocommit,
+            _ => Guard::Plain,
+        }
+    }
 }
 
 const UPDATE: &str = "UPDATE bench_acct SET value = value + 1 WHERE id = $1";
@@ -82,8 +96,27 @@ async fn writes(
         start.wait().await;
     }
     let mut samples = Vec::with_capacity(n);
+    let token = FencingToken::new(7);
     for _ in 0..n {
         let started = Instant::now();
+        if matches!(guard, Guard::Autocommit | Guard::Condition) {
+            let client = &*client;
+            let updated = match (guard, prepared) {
+                (Guard::Autocommit, true) => client.execute(&statement, &[&id]).await.unwrap(),
+                (Guard::Autocommit, false) => client.execute(UPDATE, &[&id]).await.unwrap(),
+                (_, true) => fence
+                    .execute(client, &conditioned_statement, &[&id], "bench", token)
+                    .await
+                    .unwrap(),
+                (_, false) => fence
+                    .execute(client, conditioned.as_str(), &[&id], "bench", token)
+                    .await
+                    .unwrap(),
+            };
+            assert_eq!(updated, 1);
+            samples.push(started.elapsed());
+            continue;
+        }
         let tx = client.transaction().await.unwrap();
         let update = async {
             if prepared {
@@ -92,22 +125,8 @@ async fn writes(
                 tx.execute(UPDATE, &[&id]).await
             }
         };
-        let token = FencingToken::new(7);
         let updated = match guard {
-            Guard::Plain => update.await,
-            Guard::Condition => {
-                drop(update);
-                let fenced = if prepared {
-                    fence
-                        .execute(&tx, &conditioned_statement, &[&id], "bench", token)
-                        .await
-                } else {
-                    fence
-                        .execute(&tx, conditioned.as_str(), &[&id], "bench", token)
-                        .await
-                };
-                Ok(fenced.unwrap())
-            }
+            Guard::Plain | Guard::Autocommit | Guard::Condition => update.await,
             Guard::Floor | Guard::RowLock => {
                 let beside = if guard == Guard::Floor {
                     &one
@@ -230,21 +249,25 @@ pub async fn run() {
         (Guard::Plain, "plain transaction (UPDATE)"),
         (Guard::Admit, "guarded: admit, then UPDATE"),
         (Guard::Pipelined, "guarded: admit_then(UPDATE), pipelined"),
+        (Guard::Autocommit, "plain UPDATE in autocommit"),
         (
             Guard::Condition,
-            "guarded: the admission in the UPDATE's WHERE (`condition`)",
+            "guarded, autocommit: the admission in the UPDATE's WHERE (`condition`)",
         ),
     ];
+    let at = |g: Guard| guards.iter().position(|(x, _)| *x == g).unwrap_or(0);
     println!(
-        "| write | UPDATE and admission | p50 | p99 | p50 / plain (target <= 1.3x) | p99 / plain |"
+        "| write | UPDATE and admission | p50 | p99 | p50 / plain, same shape (target <= 1.3x) | p99 / plain |"
     );
     println!("|---|---|---|---|---|---|");
+    // "Same shape": the transaction rows against the plain transaction, the autocommit rows
+    // against the plain UPDATE in autocommit.
     for prepared in [true, false] {
         // Warm up, then alternate blocks so that drift in the machine hits all alike.
         for (guard, _) in guards {
             writes(&mut client, &fence, guard, prepared, 1, 200, None).await;
         }
-        let mut samples = [Vec::new(), Vec::new(), Vec::new(), Vec::new()];
+        let mut samples = [(); 5].map(|()| Vec::new());
         for _ in 0..4 {
             for (i, (guard, _)) in guards.iter().enumerate() {
                 samples[i].extend(
@@ -252,24 +275,21 @@ pub async fn run() {
                 );
             }
         }
-        let [plain, rest @ ..] = &mut samples;
-        let (plain50, plain99) = percentiles(plain);
+        let figures: Vec<_> = samples.iter_mut().map(|s| percentiles(s)).collect();
         let kind = if prepared { "prepared" } else { "text" };
-        println!(
-            "| {} | {kind} | {} | {} | - | - |",
-            guards[0].1,
-            ms(plain50),
-            ms(plain99)
-        );
-        for (i, s) in rest.iter_mut().enumerate() {
-            let (p50, p99) = percentiles(s);
+        for (i, (guard, name)) in guards.iter().enumerate() {
+            let (p50, p99) = figures[i];
+            let reference = at(guard.reference());
+            let (ratio50, ratio99) = if reference == i {
+                ("-".to_owned(), "-".to_owned())
+            } else {
+                let (ref50, ref99) = figures[reference];
+                (ratio(p50, ref50), ratio(p99, ref99))
+            };
             println!(
-                "| {} | {kind} | {} | {} | {} | {} |",
-                guards[i + 1].1,
+                "| {name} | {kind} | {} | {} | {ratio50} | {ratio99} |",
                 ms(p50),
-                ms(p99),
-                ratio(p50, plain50),
-                ratio(p99, plain99)
+                ms(p99)
             );
         }
     }
@@ -285,8 +305,11 @@ pub async fn run() {
         Guard::RowLock,
         "row lock alone: plain + a pipelined `SELECT ... FOR SHARE`",
     );
-    let guards = [guards[0], guards[1], guards[2], guards[3], floor, row_lock];
-    let mut took = [Took::default(); 6];
+    let guards = [
+        guards[0], guards[1], guards[2], floor, row_lock, guards[3], guards[4],
+    ];
+    let at = |g: Guard| guards.iter().position(|(x, _)| *x == g).unwrap_or(0);
+    let mut took = [Took::default(); 7];
     let blocks = blocks();
     for _ in 0..blocks {
         for (i, (guard, _)) in guards.iter().enumerate() {
@@ -297,14 +320,15 @@ pub async fn run() {
     let rate = |i: usize| writes / took[i].elapsed.as_secs_f64();
     let per_write = |d: Duration| d.as_secs_f64() * 1e6 / writes;
     let cpu = |i: usize| per_write(took[i].client + took[i].server);
-    for (i, (_, name)) in guards.iter().enumerate() {
+    for (i, (guard, name)) in guards.iter().enumerate() {
+        let reference = at(guard.reference());
         println!(
             "| {name} | {:.0} | {:.2}x | {:.0} µs | {:.0} µs | {:.2}x |",
             rate(i),
-            rate(0) / rate(i),
+            rate(reference) / rate(i),
             per_write(took[i].client),
             per_write(took[i].server),
-            cpu(i) / cpu(0)
+            cpu(i) / cpu(reference)
         );
     }
 

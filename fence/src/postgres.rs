@@ -10,9 +10,17 @@ use tokio_postgres::{GenericClient, Statement, Transaction};
 
 const BACKEND: &str = "postgres fence";
 const ADMIT_SUFFIX: &str = "_admit";
+/// The function a statement's admission ([`PgFence::condition`]) calls when the fence row
+/// does not hold its token: it refuses or asks for an admission first, and never waits.
+const CHECK_SUFFIX: &str = "_check";
+// `PgFence::new` leaves room in 63 bytes for the admission function's suffix.
+const _: () = assert!(CHECK_SUFFIX.len() == ADMIT_SUFFIX.len());
 /// The SQLSTATE the admission function raises for a stale token; the highest admitted token
 /// is the error's DETAIL.
 const STALE_SQLSTATE: &str = "FLSTL";
+/// The SQLSTATE of a statement's admission for a token that is not admitted yet (nothing
+/// changed: admit it, then run the statement again).
+const ADMIT_FIRST_SQLSTATE: &str = "FLADM";
 
 mod statement;
 mod store;
@@ -97,13 +105,18 @@ impl PgFence {
         format!("{}{ADMIT_SUFFIX}", self.table)
     }
 
+    /// The check a statement's admission calls when the row does not hold its token.
+    fn check_function(&self) -> String {
+        format!("{}{CHECK_SUFFIX}", self.table)
+    }
+
     /// The table's name.
     pub fn table(&self) -> &str {
         &self.table
     }
 
-    /// Creates the fence table, and the admission function next to it (`<table>_admit`), if
-    /// they do not exist.
+    /// Creates the fence table, and the admission functions next to it (`<table>_admit`, and
+    /// `<table>_check` for [`condition`](PgFence::condition)), if they do not exist.
     ///
     /// # Errors
     /// [`Error::Backend`] when PostgreSQL refuses or cannot be reached.
@@ -123,7 +136,9 @@ impl PgFence {
         // updated when it locked it now holds a higher token, which the loop refuses without
         // writing. Refusing with an error, not a value, aborts the caller's transaction on the
         // server, which is what makes `admit_then`'s pipelined write safe: PostgreSQL runs
-        // nothing after it but a rollback.
+        // nothing after it but a rollback. The check function, for a statement's own
+        // admission (`condition`), only reads: a statement whose admission waited would go on
+        // with its snapshot from before the wait (see `statement.rs`).
         let sql = format!(
             "CREATE TABLE IF NOT EXISTS {t} (lock text PRIMARY KEY, token bigint NOT NULL, \
              admitted_at timestamptz NOT NULL DEFAULT now()); \
@@ -148,10 +163,25 @@ impl PgFence {
                    ON CONFLICT (lock) DO NOTHING; \
                END LOOP; \
                RAISE EXCEPTION 'the fence row of % keeps disappearing', p_lock; \
+             END $fencelock$; \
+             CREATE OR REPLACE FUNCTION {c}(p_lock text, p_token bigint) RETURNS bigint \
+             LANGUAGE plpgsql AS $fencelock$ \
+             DECLARE held bigint; \
+             BEGIN \
+               SELECT token INTO held FROM {t} WHERE lock = p_lock; \
+               IF FOUND AND held > p_token THEN \
+                 RAISE EXCEPTION USING ERRCODE = '{stale}', DETAIL = held::text, \
+                   MESSAGE = format('stale fencing token %s for %s: %s was admitted', \
+                                    p_token, p_lock, held); \
+               END IF; \
+               RAISE EXCEPTION USING ERRCODE = '{first}', \
+                 MESSAGE = format('fencing token %s for %s is not admitted yet', p_token, p_lock); \
              END $fencelock$",
             t = self.table,
             f = self.admit_function(),
+            c = self.check_function(),
             stale = STALE_SQLSTATE,
+            first = ADMIT_FIRST_SQLSTATE,
         );
         client
             .batch_execute(&sql)

@@ -60,16 +60,16 @@ async fn writer(
         let token = guard.token();
         let _ = guard.release().await.unwrap();
         tokio::time::sleep(jitter(round)).await;
+        if mode == Mode::Condition {
+            condition_round(&client, &fence, &table, token, jitter(round + 5), &tally).await;
+            continue;
+        }
         // The read is fenced too, so a newer holder's read raises the mark (see the README).
         let tx = client.transaction().await.unwrap();
         let sql = format!("SELECT value FROM {table} WHERE id = 1");
         let read = match mode {
             Mode::Plain => Ok(tx.query_one(&sql, &[]).await),
-            Mode::Condition => {
-                let fenced = format!("{sql} AND {}", fence.condition(1).unwrap());
-                let rows = fence.query(&tx, &fenced, &[], "account", token).await;
-                rows.map(|mut rows| Ok::<_, tokio_postgres::Error>(rows.remove(0)))
-            }
+            Mode::Condition => unreachable!("in autocommit, above"),
             Mode::Admit => match fence.admit(&tx, "account", token).await {
                 Ok(()) => Ok(tx.query_one(&sql, &[]).await),
                 Err(e) => Err(e),
@@ -112,18 +112,7 @@ async fn writer(
                 },
                 Mode::Pipelined => fence.admit_then(&tx, "account", token, write).await,
                 Mode::Prepared => prepared.admit_then(&tx, "account", token, write).await,
-                Mode::Condition => {
-                    let fenced = format!("{update} AND {}", fence.condition(2).unwrap());
-                    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&(value + 1)];
-                    match fence.execute(&tx, &fenced, &params, "account", token).await {
-                        // The rest of the transaction is fenced by the same row lock.
-                        Ok(updated) => {
-                            assert_eq!(updated, 1);
-                            Ok(tx.execute(&insert, &[&token_value]).await)
-                        }
-                        Err(e) => Err(e),
-                    }
-                }
+                Mode::Condition => unreachable!("in autocommit, above"),
             }
         };
         match written {
@@ -139,6 +128,51 @@ async fn writer(
         }
         tx.commit().await.unwrap();
         tally.committed.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// One round of `writer` in autocommit, each statement carrying its admission
+/// (`PgFence::condition`): the read, then the write and its history row in one statement.
+async fn condition_round(
+    client: &Client,
+    fence: &PgFence,
+    table: &str,
+    token: FencingToken,
+    pause: Duration,
+    tally: &Tally,
+) {
+    let read = format!(
+        "SELECT value FROM {table} WHERE id = 1 AND {}",
+        fence.condition(1).unwrap()
+    );
+    let value: i64 = match fence.query(client, &read, &[], "account", token).await {
+        Ok(rows) => rows[0].get(0),
+        Err(e) => {
+            assert!(matches!(e, Error::StaleToken { .. }), "{e}");
+            tally.refused.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+    };
+    tokio::time::sleep(pause).await;
+    let write = format!(
+        "WITH w AS (UPDATE {table} SET value = $1 WHERE id = 1 AND {} RETURNING 1) \
+         INSERT INTO {table}_history (token) SELECT $2 FROM w",
+        fence.condition(3).unwrap()
+    );
+    let token_value = i64::try_from(token.get()).unwrap();
+    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&(value + 1), &token_value];
+    match fence
+        .execute(client, &write, &params, "account", token)
+        .await
+    {
+        Ok(inserted) => {
+            assert_eq!(inserted, 1);
+            tally.committed.fetch_add(1, Ordering::Relaxed);
+        }
+        Err(e) => {
+            assert!(matches!(e, Error::StaleToken { .. }), "{e}");
+            tally.refused.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 
@@ -340,6 +374,25 @@ async fn same_token_transactions_run_side_by_side_and_raises_wait_for_them() {
             pg.logs()
         );
     }
+}
+
+/// Waits (up to 20 s) until backend `pid` waits for a lock, as `pg_stat_activity` shows it;
+/// panics with `why` and every backend's activity otherwise.
+async fn waits_for_a_lock(pg: &PgServer, c: &Client, pid: i32, why: &str) {
+    for _ in 0..400 {
+        let row = c
+            .query_one(
+                "SELECT coalesce(wait_event_type, '') FROM pg_stat_activity WHERE pid = $1",
+                &[&pid],
+            )
+            .await
+            .unwrap();
+        if row.get::<_, String>(0) == "Lock" {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{why}; activity:\n{}", activity(pg).await);
 }
 
 /// What every backend is running, waiting for and blocked by (`pg_blocking_pids`).
@@ -634,13 +687,27 @@ async fn the_held_token_is_admitted_without_the_function() {
     fence.admit(&tx, "jobs", t(3)).await.unwrap(); // the first admission inserts the row
     fence.admit(&tx, "jobs", t(4)).await.unwrap(); // a raise
     let after_raises: i64 = tx.query_one(calls, &[]).await.unwrap().get(0);
+    // A statement's own admission, for the held token: no function either (neither the
+    // admission nor the check a miss calls).
     let fenced = format!("SELECT 1 WHERE {}", fence.condition(1).unwrap());
     for _ in 0..5 {
         fence.admit(&tx, "jobs", t(4)).await.unwrap();
         prepared.admit(&tx, "jobs", t(4)).await.unwrap();
-        let rows = fence.query(&tx, &fenced, &[], "jobs", t(4)).await.unwrap();
+        let rows = tx.query(&fenced, &[&"jobs", &4i64]).await.unwrap();
         assert_eq!(rows.len(), 1);
     }
+    let checks: i64 = tx
+        .query_one(
+            "SELECT coalesce(pg_stat_get_xact_function_calls('plain_fence_check'::regproc), 0)",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        checks, 0,
+        "the held token's statement admission ran the check"
+    );
     let after_held: i64 = tx.query_one(calls, &[]).await.unwrap().get(0);
     assert!(
         after_raises >= 2,
@@ -746,26 +813,7 @@ async fn a_statement_with_the_condition_is_refused_before_it_changes_a_row() {
         })
     };
     let c = connect(&pg).await;
-    let mut waiting = false;
-    for _ in 0..200 {
-        let row = c
-            .query_one(
-                "SELECT coalesce(wait_event_type, '') FROM pg_stat_activity WHERE pid = $1",
-                &[&b_pid],
-            )
-            .await
-            .unwrap();
-        if row.get::<_, String>(0) == "Lock" {
-            waiting = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert!(
-        waiting,
-        "the statement did not wait for the raise; activity:\n{}",
-        activity(&pg).await
-    );
+    waits_for_a_lock(&pg, &c, b_pid, "the statement did not wait for the raise").await;
     c.batch_execute("SET lock_timeout = '5s'").await.unwrap();
     c.execute("UPDATE acct SET balance = balance WHERE id = 1", &[])
         .await
@@ -781,4 +829,70 @@ async fn a_statement_with_the_condition_is_refused_before_it_changes_a_row() {
     );
     let now: i64 = c.query_one(read, &[]).await.unwrap().get(0);
     assert_eq!(now, 70, "the stale statement changed the row");
+}
+
+/// Review of the statement admission: a newer holder's fenced read, sent while an older
+/// holder's admitted transaction is still open, must see what that transaction commits. The
+/// admission waits for the older transaction; the read must not use a snapshot taken before
+/// that wait (the statement's own, under READ COMMITTED).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fenced_statement_that_waits_for_an_older_holder_sees_its_commit() {
+    let pg = Arc::new(PgServer::start());
+    let fence = PgFence::new("wait_fence").unwrap();
+    let mut p = connect(&pg).await;
+    fence.create_table(&p).await.unwrap();
+    p.batch_execute(
+        "CREATE TABLE reg (id int PRIMARY KEY, value bigint NOT NULL); \
+         INSERT INTO reg VALUES (1, 0)",
+    )
+    .await
+    .unwrap();
+    let t = FencingToken::new;
+    // The older holder, token 7: admitted, its increment written, not yet committed.
+    let older = p.transaction().await.unwrap();
+    let written = fence
+        .admit_then(
+            &older,
+            "reg",
+            t(7),
+            older.execute("UPDATE reg SET value = value + 1 WHERE id = 1", &[]),
+        )
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(written, 1);
+
+    // The newer holder, token 9: a fenced read of the register.
+    let a = connect(&pg).await;
+    let a_pid: i32 = a
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let read = format!(
+        "SELECT value FROM reg WHERE id = 1 AND {}",
+        fence.condition(1).unwrap()
+    );
+    let newer = {
+        let fence = fence.clone();
+        tokio::spawn(async move {
+            fence
+                .query(&a, &read, &[], "reg", FencingToken::new(9))
+                .await
+        })
+    };
+    let c = connect(&pg).await;
+    let why = "the newer holder's admission did not wait for the older transaction";
+    waits_for_a_lock(&pg, &c, a_pid, why).await;
+    older.commit().await.unwrap();
+    let rows = tokio::time::timeout(Duration::from_secs(30), newer)
+        .await
+        .expect("the newer holder still waits after the older one committed")
+        .unwrap()
+        .unwrap();
+    let value: i64 = rows[0].get(0);
+    assert_eq!(
+        value, 1,
+        "the newer holder read the register from before the older holder's commit"
+    );
 }

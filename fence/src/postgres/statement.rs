@@ -1,30 +1,54 @@
-//! The admission inside the caller's own statement: one statement, no extra round trip.
+//! The admission inside the caller's own statement, in autocommit: one statement and one
+//! round trip for a token the fence row already holds.
+//!
+//! Why the statement never raises the mark itself: under `READ COMMITTED` a statement reads
+//! with a snapshot taken when it starts. A raise waits for the older holder's open
+//! transactions, and a statement that raised and went on would read from before their commits
+//! (a lost update of the older holder's last write). So the statement's admission only takes
+//! the row that already holds its token, which the raise that put the token there committed
+//! before the statement's snapshot (the row's version in that snapshot holds it), and that
+//! raise came after every older holder's transaction had ended. Any other case fails the
+//! statement before it changes anything: a stale token for good, a token not admitted yet
+//! until [`PgFence::admit`] (in its own transaction) raises the mark, after which the
+//! statement runs again with a new snapshot.
 
-use fencelock::{Error, FencingToken, Result};
+use fencelock::{Error, FencingToken, Result, StoreFailure};
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{GenericClient, Row, ToStatement};
+use tokio_postgres::{Client, Row, ToStatement};
 
-use super::{admit_error, to_sql, PgFence};
+use super::{admit_error, to_sql, PgFence, ADMIT_FIRST_SQLSTATE, BACKEND};
+
+/// PostgreSQL takes at most 65,535 parameters.
+const MAX_PARAMETER: usize = 65_535;
+
+/// Rounds of "admit first, then the statement again" before giving up: each is lost only to a
+/// newer holder raising the mark in between, which the next round refuses.
+const ROUNDS: usize = 3;
 
 impl PgFence {
-    /// A condition to `AND` into a statement's `WHERE`: it admits the token for the lock, taken
+    /// A condition to `AND` into a statement's `WHERE`, admitting the token for the lock taken
     /// from the statement's parameters `$first` (the lock, `text`) and `$first + 1` (the token,
-    /// `bigint`), as [`admit`](PgFence::admit) does, or fails the statement with the stale
-    /// token. Run such a statement with [`execute`](PgFence::execute) or
-    /// [`query`](PgFence::query), which pass those two parameters after the caller's.
+    /// `bigint`). Run the statement with [`execute`](PgFence::execute) or
+    /// [`query`](PgFence::query), which pass those two after the caller's parameters, in
+    /// autocommit.
     ///
-    /// The check and the write are then one statement: nothing is sent besides it, and in
-    /// autocommit it commits (or fails) on its own. PostgreSQL evaluates the condition once per
-    /// statement (it is a sub-select that refers to no row), and a row reaches the statement's
-    /// `UPDATE`, `DELETE` or result only once it has passed the whole `WHERE`, so only after
-    /// the admission: a refused token fails the statement before it changes anything. The
-    /// fence row stays locked until the statement's transaction ends, as with `admit`, so
-    /// further statements in that transaction are fenced too.
+    /// The check and the write are then one statement: for a token the fence holds, nothing is
+    /// sent besides it. PostgreSQL evaluates the condition once per statement (it is a
+    /// sub-select that refers to no row), and a row reaches the statement's `UPDATE`, `DELETE`
+    /// or result only once it has passed the whole `WHERE`, so a refused token fails the
+    /// statement before it changes anything. The fence row stays share-locked until the
+    /// statement commits, so a newer holder's raise waits for it.
     ///
     /// `AND` it at the top level of the `WHERE` (an `OR` around it would let rows through
-    /// without it). An `INSERT` takes it as `INSERT INTO t (...) SELECT ... WHERE <condition>`.
-    /// When the rest of the `WHERE` matches no row, PostgreSQL may skip the condition: the
-    /// statement changes nothing and is not refused.
+    /// without it); an `INSERT` takes it as `INSERT INTO t (...) SELECT ... WHERE <condition>`.
+    /// A statement whose plan never runs its `WHERE` (a condition PostgreSQL finds false when
+    /// planning, `LIMIT 0`) skips the admission and changes nothing, except in data-modifying
+    /// `WITH` clauses: do not put writes there. `BEFORE STATEMENT` triggers run before it.
+    ///
+    /// Inside a transaction of your own, use [`admit`](PgFence::admit) or
+    /// [`admit_then`](PgFence::admit_then) instead: run bare, the condition fails a statement
+    /// whose token the fence does not hold yet (SQLSTATE `FLADM`), which aborts the
+    /// transaction.
     ///
     /// ```no_run
     /// # async fn f(client: &tokio_postgres::Client, token: fencelock::FencingToken)
@@ -43,43 +67,52 @@ impl PgFence {
     /// ```
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] when `first` is 0 (parameters count from `$1`).
+    /// [`Error::InvalidConfig`] when `first` is 0 or `first + 1` is past PostgreSQL's last
+    /// parameter ($65535).
     pub fn condition(&self, first: usize) -> Result<String> {
-        if first == 0 {
+        if first == 0 || first >= MAX_PARAMETER {
             return Err(Error::config(
                 "first",
-                "PostgreSQL's parameters count from $1, not $0",
+                format!(
+                    "${first} and the next: PostgreSQL's parameters are $1 to ${MAX_PARAMETER}"
+                ),
             ));
         }
         let (lock, token) = (first, first + 1);
-        // The outer sub-select makes it one InitPlan, run once; inside it, the held token's
-        // path is the plain read that `admit_sql` starts with, and the function runs only on a
-        // miss (a raise, a refusal, the row's first admission).
+        // One InitPlan, run once. The held token's path is `admit_sql`'s plain read; on a
+        // miss the check function refuses or asks for an admission first, and never waits
+        // (see the module's docs).
         Ok(format!(
             "(SELECT coalesce((SELECT token FROM {t} WHERE lock = ${lock}::text \
-             AND token = ${token}::bigint FOR SHARE), {f}(${lock}::text, ${token}::bigint))) \
+             AND token = ${token}::bigint FOR SHARE), {c}(${lock}::text, ${token}::bigint))) \
              IS NOT NULL",
             t = self.table,
-            f = self.admit_function(),
+            c = self.check_function(),
         ))
     }
 
     /// Runs `statement`, which holds [`condition`](PgFence::condition) for its last two
-    /// parameters, with `params` and then `lock` and `token`; returns the number of rows it
-    /// changed.
+    /// parameters, in autocommit, with `params` and then `lock` and `token`; returns the number
+    /// of rows it changed.
+    ///
+    /// For a token the fence row holds, that is the statement alone. For a token it does not
+    /// hold yet (a new holder's first write), the statement fails without changing anything,
+    /// [`admit`](PgFence::admit) raises the mark in a statement of its own (waiting for older
+    /// holders' transactions to end), and the statement runs again: two round trips more.
     ///
     /// # Errors
-    /// [`Error::StaleToken`] when a higher token was admitted: the statement changed nothing
-    /// (inside a transaction, roll it back). [`Error::Backend`] when PostgreSQL fails the
-    /// statement otherwise (its own errors included; [`Error::is_retryable`] for
-    /// serialization failures and lost connections).
+    /// [`Error::StaleToken`] when a higher token was admitted: the statement changed nothing.
+    /// [`Error::Backend`] when PostgreSQL fails the statement otherwise, its own errors
+    /// included ([`Error::is_retryable`] for serialization failures, lost connections, and a
+    /// mark that kept moving while this token was being admitted); [`Error::InvalidConfig`]
+    /// for a token past `bigint`.
     ///
     /// # Cancel safety
-    /// In autocommit, the statement is applied entirely or not at all, with its admission;
-    /// inside a transaction, roll it back after a cancel, as after an error.
+    /// Cancel safe: each statement (the admission's and the caller's) is applied entirely or
+    /// not at all, and a mark raised without the statement only refuses older tokens sooner.
     pub async fn execute<T>(
         &self,
-        client: &impl GenericClient,
+        client: &Client,
         statement: &T,
         params: &[&(dyn ToSql + Sync)],
         lock: &str,
@@ -90,8 +123,15 @@ impl PgFence {
     {
         let value = to_sql(token)?;
         let all = with_admission(params, &lock, &value);
-        let done = client.execute(statement, &all).await;
-        answered(lock, token, done, |n| *n > 0)
+        for _ in 0..ROUNDS {
+            match answered(lock, token, client.execute(statement, &all).await, |n| {
+                *n > 0
+            })? {
+                Some(changed) => return Ok(changed),
+                None => self.admit(client, lock, token).await?,
+            }
+        }
+        Err(kept_moving(lock, token))
     }
 
     /// As [`execute`](PgFence::execute), for a statement that returns rows (a fenced read, or
@@ -104,7 +144,7 @@ impl PgFence {
     /// As [`execute`](PgFence::execute).
     pub async fn query<T>(
         &self,
-        client: &impl GenericClient,
+        client: &Client,
         statement: &T,
         params: &[&(dyn ToSql + Sync)],
         lock: &str,
@@ -115,8 +155,14 @@ impl PgFence {
     {
         let value = to_sql(token)?;
         let all = with_admission(params, &lock, &value);
-        let rows = client.query(statement, &all).await;
-        answered(lock, token, rows, |rows| !rows.is_empty())
+        for _ in 0..ROUNDS {
+            let rows = client.query(statement, &all).await;
+            match answered(lock, token, rows, |rows| !rows.is_empty())? {
+                Some(rows) => return Ok(rows),
+                None => self.admit(client, lock, token).await?,
+            }
+        }
+        Err(kept_moving(lock, token))
     }
 }
 
@@ -132,27 +178,66 @@ fn with_admission<'a>(
     all
 }
 
-/// The statement's answer; `ran` tells whether the admission is known to have run (a row
-/// passed the condition), for the admissions metric.
+/// The statement's answer: `Some` when it ran, `None` when its token must be admitted first;
+/// `ran` tells whether the admission is known to have passed (a row passed the condition),
+/// for the admissions metric.
 fn answered<R>(
     lock: &str,
     token: FencingToken,
     done: std::result::Result<R, tokio_postgres::Error>,
     ran: impl Fn(&R) -> bool,
-) -> Result<R> {
-    match done {
+) -> Result<Option<R>> {
+    let e = match done {
         Ok(done) => {
             if ran(&done) {
                 fencelock::telemetry::record_admission("postgres", true);
             }
-            Ok(done)
+            return Ok(Some(done));
         }
-        Err(e) => {
-            let e: Error = admit_error(lock, token, e, "fenced statement");
-            if matches!(e, Error::StaleToken { .. }) {
-                fencelock::telemetry::record_admission("postgres", false);
-            }
-            Err(e)
-        }
+        Err(e) => e,
+    };
+    if e.code().map(tokio_postgres::error::SqlState::code) == Some(ADMIT_FIRST_SQLSTATE) {
+        return Ok(None);
+    }
+    if e.code().is_none() && !e.is_closed() {
+        // Not from the server (a parameter count or type the statement does not take): the
+        // caller's mistake, which a retry repeats.
+        return Err(Error::store(
+            BACKEND,
+            StoreFailure::Protocol,
+            "fenced statement".to_owned(),
+            Some(Box::new(e)),
+        ));
+    }
+    let e = admit_error(lock, token, e, "fenced statement");
+    if matches!(e, Error::StaleToken { .. }) {
+        fencelock::telemetry::record_admission("postgres", false);
+    }
+    Err(e)
+}
+
+fn kept_moving(lock: &str, token: FencingToken) -> Error {
+    Error::store(
+        BACKEND,
+        StoreFailure::Unavailable,
+        format!("fenced statement: the fence of `{lock}` moved each time token {token} was admitted; retry"),
+        None,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parameters_stay_within_postgres_range() {
+        let fence = PgFence::new("f").unwrap_or_else(|e| panic!("{e}"));
+        assert!(fence.condition(0).is_err());
+        assert!(fence.condition(MAX_PARAMETER).is_err());
+        assert!(fence.condition(usize::MAX).is_err());
+        let last = fence
+            .condition(MAX_PARAMETER - 1)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(last.contains("$65534::text") && last.contains("$65535::bigint"));
     }
 }
