@@ -45,8 +45,13 @@ pub use store::PgFenceStore;
 /// re-checks it) for the same-token transactions that got in after the raise committed. Do not
 /// make one of those wait for it in your code: PostgreSQL cannot see that as a deadlock.
 ///
-/// A write that is one statement can carry the admission in its own `WHERE` instead
-/// ([`condition`](PgFence::condition), [`execute`](PgFence::execute)): no statement besides it.
+/// A write that is one statement can carry the admission in its own `WHERE` instead, in
+/// autocommit ([`condition`](PgFence::condition), [`execute`](PgFence::execute)): nothing
+/// besides it for a token the fence holds; a new token is admitted first in a statement of its
+/// own. The role then needs `EXECUTE` on `<table>_check` too.
+///
+/// After upgrading this crate, run [`create_table`](PgFence::create_table) again: it replaces
+/// the functions with this version's.
 ///
 /// ```no_run
 /// # async fn f(client: &mut tokio_postgres::Client, token: fencelock::FencingToken)
@@ -134,7 +139,11 @@ impl PgFence {
         // FOR SHARE first and upgrading would deadlock two writers raising to the same new
         // token; the first SELECT never leads to that: a row it found with this token but saw
         // updated when it locked it now holds a higher token, which the loop refuses without
-        // writing. Refusing with an error, not a value, aborts the caller's transaction on the
+        // writing. A row that appeared (another first admission's INSERT) between the UPDATE
+        // and the SELECT holds a lower token the UPDATE never saw: raising it now would upgrade
+        // our share lock (the deadlock above), so the transaction is failed as a serialization
+        // failure, which the caller retries. Refusing with an error, not a value, aborts the
+        // caller's transaction on the
         // server, which is what makes `admit_then`'s pipelined write safe: PostgreSQL runs
         // nothing after it but a rollback. The check function, for a statement's own
         // admission (`condition`), only reads: a statement whose admission waited would go on
@@ -158,7 +167,12 @@ impl PgFence {
                      MESSAGE = format('stale fencing token %s for %s: %s was admitted', \
                                       p_token, p_lock, held); \
                  END IF; \
-                 IF FOUND THEN RETURN held; END IF; \
+                 IF FOUND AND held = p_token THEN RETURN held; END IF; \
+                 IF FOUND THEN \
+                   RAISE EXCEPTION USING ERRCODE = '40001', \
+                     MESSAGE = format('the fence row of %s appeared with token %s while %s \
+                                       was being admitted; retry', p_lock, held, p_token); \
+                 END IF; \
                  INSERT INTO {t} (lock, token) VALUES (p_lock, p_token) \
                    ON CONFLICT (lock) DO NOTHING; \
                END LOOP; \
@@ -419,15 +433,22 @@ fn admitted(
                 fencelock::telemetry::record_admission("postgres", false);
             }
         })?;
-    // The function raises for a stale token; the comparison here is a second check.
+    // The function raises for a stale token; the comparison here is a second check, and
+    // fails closed on anything but this token (the row holds it, locked, when admitted).
     let highest = from_sql(row.get::<_, i64>(0))?;
-    fencelock::telemetry::record_admission("postgres", highest <= token);
+    fencelock::telemetry::record_admission("postgres", highest == token);
     if highest > token {
         return Err(Error::StaleToken {
             lock: lock.to_owned(),
             presented: token,
             highest,
         });
+    }
+    if highest < token {
+        return Err(Error::protocol(
+            BACKEND,
+            format!("admitting {token} for `{lock}`: the fence answered {highest}"),
+        ));
     }
     Ok(())
 }

@@ -21,8 +21,9 @@ use super::{admit_error, to_sql, PgFence, ADMIT_FIRST_SQLSTATE, BACKEND};
 /// PostgreSQL takes at most 65,535 parameters.
 const MAX_PARAMETER: usize = 65_535;
 
-/// Rounds of "admit first, then the statement again" before giving up: each is lost only to a
-/// newer holder raising the mark in between, which the next round refuses.
+/// Statements sent before giving up: the first, and one more after each admission. A newer
+/// holder's raise is refused at once (by the check or by the admission); the statement asks
+/// for an admission again only when the fence row was reset between the two.
 const ROUNDS: usize = 3;
 
 impl PgFence {
@@ -41,9 +42,12 @@ impl PgFence {
     ///
     /// `AND` it at the top level of the `WHERE` (an `OR` around it would let rows through
     /// without it); an `INSERT` takes it as `INSERT INTO t (...) SELECT ... WHERE <condition>`.
-    /// A statement whose plan never runs its `WHERE` (a condition PostgreSQL finds false when
+    /// One condition per statement: `execute` admits the token for the lock it was given. A
+    /// statement whose plan never runs its `WHERE` (a condition PostgreSQL finds false when
     /// planning, `LIMIT 0`) skips the admission and changes nothing, except in data-modifying
-    /// `WITH` clauses: do not put writes there. `BEFORE STATEMENT` triggers run before it.
+    /// `WITH` clauses: a write in a `WITH` must carry the condition in its own `WHERE` (then it
+    /// is gated like any other). `BEFORE STATEMENT` triggers run before it. The role needs
+    /// `EXECUTE` on `<table>_check` (and, for the admission `execute` sends, on `<table>_admit`).
     ///
     /// Inside a transaction of your own, use [`admit`](PgFence::admit) or
     /// [`admit_then`](PgFence::admit_then) instead: run bare, the condition fails a statement
@@ -104,12 +108,15 @@ impl PgFence {
     /// [`Error::StaleToken`] when a higher token was admitted: the statement changed nothing.
     /// [`Error::Backend`] when PostgreSQL fails the statement otherwise, its own errors
     /// included ([`Error::is_retryable`] for serialization failures, lost connections, and a
-    /// mark that kept moving while this token was being admitted); [`Error::InvalidConfig`]
-    /// for a token past `bigint`.
+    /// fence row reset while this token was being admitted); [`Error::InvalidConfig`] for a
+    /// token past `bigint`. A lost connection is retryable, but the statement may have
+    /// committed before it was lost, as with any statement.
     ///
     /// # Cancel safety
-    /// Cancel safe: each statement (the admission's and the caller's) is applied entirely or
-    /// not at all, and a mark raised without the statement only refuses older tokens sooner.
+    /// Each statement (the admission's and the caller's) is applied entirely or not at all,
+    /// with its own admission; a cancelled call's statement may still commit on the server
+    /// (dropping the future does not stop it), and a mark raised without the statement only
+    /// refuses older tokens sooner.
     pub async fn execute<T>(
         &self,
         client: &Client,
@@ -123,12 +130,12 @@ impl PgFence {
     {
         let value = to_sql(token)?;
         let all = with_admission(params, &lock, &value);
-        for _ in 0..ROUNDS {
-            match answered(lock, token, client.execute(statement, &all).await, |n| {
-                *n > 0
-            })? {
+        for round in 1..=ROUNDS {
+            let changed = client.execute(statement, &all).await;
+            match answered(lock, token, changed, |n| *n > 0)? {
                 Some(changed) => return Ok(changed),
-                None => self.admit(client, lock, token).await?,
+                None if round < ROUNDS => self.admit(client, lock, token).await?,
+                None => {}
             }
         }
         Err(kept_moving(lock, token))
@@ -155,11 +162,12 @@ impl PgFence {
     {
         let value = to_sql(token)?;
         let all = with_admission(params, &lock, &value);
-        for _ in 0..ROUNDS {
+        for round in 1..=ROUNDS {
             let rows = client.query(statement, &all).await;
             match answered(lock, token, rows, |rows| !rows.is_empty())? {
                 Some(rows) => return Ok(rows),
-                None => self.admit(client, lock, token).await?,
+                None if round < ROUNDS => self.admit(client, lock, token).await?,
+                None => {}
             }
         }
         Err(kept_moving(lock, token))
@@ -220,7 +228,7 @@ fn kept_moving(lock: &str, token: FencingToken) -> Error {
     Error::store(
         BACKEND,
         StoreFailure::Unavailable,
-        format!("fenced statement: the fence of `{lock}` moved each time token {token} was admitted; retry"),
+        format!("fenced statement: the fence of `{lock}` was reset each time token {token} was admitted; retry"),
         None,
     )
 }
