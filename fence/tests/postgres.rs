@@ -822,7 +822,8 @@ async fn a_statement_with_the_condition_is_refused_before_it_changes_a_row() {
 /// Review of the statement admission: a newer holder's fenced read, sent while an older
 /// holder's admitted transaction is still open, must see what that transaction commits. The
 /// admission waits for the older transaction; the read must not use a snapshot taken before
-/// that wait (the statement's own, under READ COMMITTED).
+/// that wait (the statement's own, under READ COMMITTED). First on a new fence row (the older
+/// holder's admission inserted it), then on one that exists.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fenced_statement_that_waits_for_an_older_holder_sees_its_commit() {
     let pg = Arc::new(PgServer::start());
@@ -835,99 +836,54 @@ async fn a_fenced_statement_that_waits_for_an_older_holder_sees_its_commit() {
     )
     .await
     .unwrap();
-    let t = FencingToken::new;
-    // The older holder, token 7: admitted, its increment written, not yet committed.
-    let older = p.transaction().await.unwrap();
-    let written = fence
-        .admit_then(
-            &older,
-            "reg",
-            t(7),
-            older.execute("UPDATE reg SET value = value + 1 WHERE id = 1", &[]),
-        )
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(written, 1);
-
-    // The newer holder, token 9: a fenced read of the register.
-    let a = connect(&pg).await;
-    let a_pid: i32 = a
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
-    let read = format!(
-        "SELECT value FROM reg WHERE id = 1 AND {}",
-        fence.condition(1).unwrap()
-    );
-    let newer = {
-        let fence = fence.clone();
-        tokio::spawn(async move {
-            fence
-                .query(&a, &read, &[], "reg", FencingToken::new(9))
-                .await
-        })
-    };
     let c = connect(&pg).await;
-    let why = "the newer holder's admission did not wait for the older transaction";
-    waits_for_a_lock(&pg, &c, a_pid, why).await;
-    older.commit().await.unwrap();
-    let rows = tokio::time::timeout(Duration::from_secs(30), newer)
-        .await
-        .expect("the newer holder still waits after the older one committed")
-        .unwrap()
-        .unwrap();
-    let value: i64 = rows[0].get(0);
-    assert_eq!(
-        value, 1,
-        "the newer holder read the register from before the older holder's commit"
-    );
-
-    // The usual case: the row exists and holds 9 (committed); the holder of 9 has a write
-    // open, sharing the row; the next holder (11) reads.
-    let older = p.transaction().await.unwrap();
-    fence
-        .admit_then(
-            &older,
-            "reg",
-            t(9),
-            older.execute("UPDATE reg SET value = value + 1 WHERE id = 1", &[]),
-        )
-        .await
-        .unwrap()
-        .unwrap();
-    let a = connect(&pg).await;
-    let a_pid: i32 = a
-        .query_one("SELECT pg_backend_pid()", &[])
-        .await
-        .unwrap()
-        .get(0);
-    let read = format!(
-        "SELECT value FROM reg WHERE id = 1 AND {}",
-        fence.condition(1).unwrap()
-    );
-    let newer = {
-        let fence = fence.clone();
-        tokio::spawn(async move {
-            fence
-                .query(&a, &read, &[], "reg", FencingToken::new(11))
-                .await
-        })
-    };
-    let why = "the next holder's admission did not wait for the open write";
-    waits_for_a_lock(&pg, &c, a_pid, why).await;
-    older.commit().await.unwrap();
-    let rows = tokio::time::timeout(Duration::from_secs(30), newer)
-        .await
-        .expect("the next holder still waits after the write committed")
-        .unwrap()
-        .unwrap();
-    assert_eq!(
-        rows[0].get::<_, i64>(0),
-        2,
-        "the next holder read the register from before the open write's commit"
-    );
+    for (older, newer, expect) in [(7, 9, 1), (9, 11, 2)] {
+        // The older holder: admitted, its increment written, not yet committed.
+        let open = p.transaction().await.unwrap();
+        let written = fence
+            .admit_then(
+                &open,
+                "reg",
+                FencingToken::new(older),
+                open.execute("UPDATE reg SET value = value + 1 WHERE id = 1", &[]),
+            )
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(written, 1);
+        // The newer holder: a fenced read of the register.
+        let a = connect(&pg).await;
+        let a_pid: i32 = a
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        let read = format!(
+            "SELECT value FROM reg WHERE id = 1 AND {}",
+            fence.condition(1).unwrap()
+        );
+        let reading = {
+            let fence = fence.clone();
+            tokio::spawn(async move {
+                fence
+                    .query(&a, &read, &[], "reg", FencingToken::new(newer))
+                    .await
+            })
+        };
+        let why = format!("{newer}'s admission did not wait for {older}'s open write");
+        waits_for_a_lock(&pg, &c, a_pid, &why).await;
+        open.commit().await.unwrap();
+        let rows = tokio::time::timeout(Duration::from_secs(30), reading)
+            .await
+            .expect("the newer holder still waits after the older one committed")
+            .unwrap()
+            .unwrap();
+        assert_eq!(
+            rows[0].get::<_, i64>(0),
+            expect,
+            "{newer} read the register from before {older}'s commit"
+        );
+    }
 }
 
 /// Review: a first admission (no row yet, or a reset one) that raced another must not report
