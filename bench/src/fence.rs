@@ -126,7 +126,8 @@ async fn writes(
             }
         };
         let updated = match guard {
-            Guard::Plain | Guard::Autocommit | Guard::Condition => update.await,
+            Guard::Plain => update.await,
+            Guard::Autocommit | Guard::Condition => unreachable!("sent in autocommit, above"),
             Guard::Floor | Guard::RowLock => {
                 let beside = if guard == Guard::Floor {
                     &one

@@ -143,9 +143,8 @@ impl PgFence {
         // and the SELECT holds a lower token the UPDATE never saw: raising it now would upgrade
         // our share lock (the deadlock above), so the transaction is failed as a serialization
         // failure, which the caller retries. Refusing with an error, not a value, aborts the
-        // caller's transaction on the
-        // server, which is what makes `admit_then`'s pipelined write safe: PostgreSQL runs
-        // nothing after it but a rollback. The check function, for a statement's own
+        // caller's transaction on the server, which is what makes `admit_then`'s pipelined
+        // write safe: PostgreSQL runs nothing after it but a rollback. The check function, for a statement's own
         // admission (`condition`), only reads: a statement whose admission waited would go on
         // with its snapshot from before the wait (see `statement.rs`).
         let sql = format!(

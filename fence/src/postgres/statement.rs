@@ -130,15 +130,9 @@ impl PgFence {
     {
         let value = to_sql(token)?;
         let all = with_admission(params, &lock, &value);
-        for round in 1..=ROUNDS {
-            let changed = client.execute(statement, &all).await;
-            match answered(lock, token, changed, |n| *n > 0)? {
-                Some(changed) => return Ok(changed),
-                None if round < ROUNDS => self.admit(client, lock, token).await?,
-                None => {}
-            }
-        }
-        Err(kept_moving(lock, token))
+        let all = all.as_slice();
+        let send = move || client.execute(statement, all);
+        self.rounds(client, lock, token, send, |n| *n > 0).await
     }
 
     /// As [`execute`](PgFence::execute), for a statement that returns rows (a fenced read, or
@@ -162,10 +156,28 @@ impl PgFence {
     {
         let value = to_sql(token)?;
         let all = with_admission(params, &lock, &value);
+        let all = all.as_slice();
+        let send = move || client.query(statement, all);
+        self.rounds(client, lock, token, send, |rows| !rows.is_empty())
+            .await
+    }
+
+    /// Sends the statement (`send`), and while it asks for an admission first, admits the token
+    /// in a statement of its own and sends it again, up to [`ROUNDS`] times.
+    async fn rounds<R, F>(
+        &self,
+        client: &Client,
+        lock: &str,
+        token: FencingToken,
+        send: impl Fn() -> F,
+        ran: impl Fn(&R) -> bool,
+    ) -> Result<R>
+    where
+        F: std::future::Future<Output = std::result::Result<R, tokio_postgres::Error>>,
+    {
         for round in 1..=ROUNDS {
-            let rows = client.query(statement, &all).await;
-            match answered(lock, token, rows, |rows| !rows.is_empty())? {
-                Some(rows) => return Ok(rows),
+            match answered(lock, token, send().await, &ran)? {
+                Some(done) => return Ok(done),
                 None if round < ROUNDS => self.admit(client, lock, token).await?,
                 None => {}
             }
