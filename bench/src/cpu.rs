@@ -3,7 +3,9 @@
 //! warm-up, then `n` operations of that client only, against a single node it starts. Under
 //! `valgrind --tool=callgrind`, (instructions at `n`) - (instructions at 0), divided by `n`, is
 //! what one operation costs the client process (every thread: the caller, the runtime, the
-//! client's connection tasks); `bench/cpu-profile` runs the six pairs and prints the table.
+//! client's connection tasks); `bench/cpu-profile` runs the seven pairs and prints the table.
+//! For etcd, `same` is fencelock's own requests sent raw: fencelock's count minus its count is
+//! what fencelock's client does besides sending them.
 //! `FENCELOCK_BENCH_HOLD_MS` holds each lock that long before its release.
 
 use crate::latency::{EtcdClients, ZkClients};
@@ -23,10 +25,12 @@ pub async fn run(store: &str, client: &str, n: usize) {
         let _ = crate::latency::HOLD.set(std::time::Duration::from_millis(ms));
     }
     let servers = Servers::start(1);
-    let which = ["fencelock", "raw", "peer"]
+    let which = ["fencelock", "raw", "peer", "same"]
         .iter()
         .position(|c| *c == client)
-        .unwrap_or_else(|| panic!("unknown client {client:?}: fencelock, raw or peer"));
+        .unwrap_or_else(|| {
+            panic!("unknown client {client:?}: fencelock, raw, peer or same (etcd only)")
+        });
     let (etcd, zk);
     let mut ops = match store {
         "etcd" => {
@@ -39,6 +43,7 @@ pub async fn run(store: &str, client: &str, n: usize) {
         }
         other => panic!("unknown store {other:?}: etcd or zookeeper"),
     };
+    assert!(which < ops.len(), "no client {client:?} for {store}");
     let mut op = ops.swap_remove(which);
     for _ in 0..WARMUP + n {
         op().await;

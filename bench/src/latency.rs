@@ -14,7 +14,9 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::{Duration, Instant};
 
-use etcd_client::{Compare, CompareOp, LockOptions, PutOptions, Txn, TxnOp};
+use etcd_client::{
+    Compare, CompareOp, GetOptions, LockOptions, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+};
 use fencelock::{LockBackend, LockBackendExt};
 use zookeeper_client::{Acls, CreateMode, LockOptions as ZkLockOptions, LockPrefix};
 
@@ -123,8 +125,8 @@ async fn interleaved_split(mut ops: Vec<Op<'_>>) -> Vec<Figures> {
         .collect()
 }
 
-fn rows(label: &str, what: [&str; 3], figures: &[Figures]) {
-    let (raw, peer) = (&figures[1], &figures[2]);
+fn rows<const N: usize>(label: &str, what: [&str; N], figures: &[Figures]) {
+    let (raw, peer, same) = (&figures[1], &figures[2], figures.get(3));
     let half = |f: &Figures, i: usize| -> Option<Duration> {
         f.halves.map(|h| if i == 0 { h.0 } else { h.1 })
     };
@@ -135,11 +137,12 @@ fn rows(label: &str, what: [&str; 3], figures: &[Figures]) {
             _ => "-".into(),
         });
         println!(
-            "| {label} | {what} | {} | {} | {acquire} | {release} | {} | {} |",
+            "| {label} | {what} | {} | {} | {acquire} | {release} | {} | {} | {} |",
             ms(f.p50),
             ms(f.p99),
             ratio(f.p50, raw.p50),
-            ratio(f.p50, peer.p50)
+            ratio(f.p50, peer.p50),
+            same.map_or_else(|| "-".into(), |same| ratio(f.p50, same.p50))
         );
     }
 }
@@ -150,11 +153,11 @@ fn us(d: Duration) -> f64 {
 
 pub async fn run(servers: &Servers) {
     println!(
-        "\n### Uncontended acquire + release ({}; {ROUNDS} rounds after {WARMUP} warm-up, the three clients interleaved)\n",
+        "\n### Uncontended acquire + release ({}; {ROUNDS} rounds after {WARMUP} warm-up, the clients interleaved)\n",
         servers.member0()
     );
     println!(
-        "| setup | client | p50 | p99 | acquire p50 (/ raw) | release p50 (/ raw) | p50 / raw limit | p50 / peer |\n|---|---|---|---|---|---|---|---|"
+        "| setup | client | p50 | p99 | acquire p50 (/ raw) | release p50 (/ raw) | p50 / raw limit | p50 / peer | p50 / fencelock's requests sent raw |\n|---|---|---|---|---|---|---|---|---|"
     );
     etcd(servers).await;
     zookeeper(servers).await;
@@ -169,6 +172,7 @@ async fn etcd(servers: &Servers) {
             "fencelock",
             "raw: 2 Txns",
             "peer: etcd-client lock/unlock RPCs",
+            "fencelock's requests sent raw: 2 Txns",
         ],
         &figures,
     );
@@ -198,6 +202,16 @@ pub struct EtcdClients {
     lease: i64,
     raw_key: String,
     peer_name: String,
+    same: SameRequests,
+}
+
+/// Where [`etcd_same`] queues: its own name, laid out as fencelock lays out a lock's.
+pub struct SameRequests {
+    prefix: String,
+    key: String,
+    checkpoint: String,
+    /// A value of fencelock's form and length: the attempt's time and nonce, and the owner.
+    value: String,
 }
 
 impl EtcdClients {
@@ -214,10 +228,19 @@ impl EtcdClients {
             lease,
             raw_key: format!("{prefix}raw/{lease:x}"),
             peer_name: format!("{prefix}peer"),
+            same: SameRequests {
+                prefix: format!("{prefix}same/"),
+                key: format!("{prefix}same/{lease:x}"),
+                checkpoint: format!("{prefix}.state/same/__checkpoint"),
+                value: format!(
+                    "1765000000000-0123456789abcdef {}",
+                    fencelock::Owner::current().encode()
+                ),
+            },
         }
     }
 
-    /// fencelock, raw, peer.
+    /// fencelock, raw, peer, and fencelock's own requests sent raw.
     pub fn ops(&self) -> Vec<Op<'_>> {
         let lease = self.lease;
         // The operations run one after another: the lock is never contended.
@@ -233,7 +256,13 @@ impl EtcdClients {
                 etcd_peer(&mut client, self.peer_name.clone(), lease, granted).await;
             })
         });
-        vec![fencelock_op(&self.backend), raw, peer]
+        let same: Op = Box::new(move || {
+            Box::pin(async move {
+                let mut client = self.client.lock().await;
+                etcd_same(&mut client, &self.same, lease).await;
+            })
+        });
+        vec![fencelock_op(&self.backend), raw, peer, same]
     }
 }
 
@@ -288,6 +317,46 @@ pub async fn etcd_raw(client: &mut etcd_client::Client, key: &str, lease: i64, g
     let delete = Txn::new()
         .when([Compare::create_revision(key, CompareOp::Equal, rev)])
         .and_then([TxnOp::delete(key, None)]);
+    client.txn(delete).await.unwrap();
+}
+
+/// The requests fencelock's etcd lock sends for an uncontended acquire + release, sent raw:
+/// the put of its key under `lease` (with a value as long as fencelock's) in one Txn with the
+/// Range of the queue's first key and the read of the checkpoint, then the delete compared on
+/// the key's create revision. Against [`etcd_raw`], what fencelock's requests cost the server;
+/// against fencelock, what its client does besides sending them.
+pub async fn etcd_same(client: &mut etcd_client::Client, at: &SameRequests, lease: i64) {
+    let first = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_limit(1);
+    let put = Txn::new()
+        .when([Compare::create_revision(
+            at.key.as_str(),
+            CompareOp::Equal,
+            0,
+        )])
+        .and_then([
+            TxnOp::put(
+                at.key.as_str(),
+                at.value.as_str(),
+                Some(PutOptions::new().with_lease(lease)),
+            ),
+            TxnOp::get(at.prefix.as_str(), Some(first)),
+            TxnOp::get(at.checkpoint.as_str(), None),
+        ])
+        .or_else([TxnOp::get(at.key.as_str(), None)]);
+    let resp = client.txn(put).await.unwrap();
+    assert!(resp.succeeded(), "a leftover key at {}", at.key);
+    let created = resp.header().unwrap().revision();
+    granted();
+    let delete = Txn::new()
+        .when([Compare::create_revision(
+            at.key.as_str(),
+            CompareOp::Equal,
+            created,
+        )])
+        .and_then([TxnOp::delete(at.key.as_str(), None)]);
     client.txn(delete).await.unwrap();
 }
 
