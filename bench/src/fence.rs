@@ -55,15 +55,17 @@ enum Guard {
     Condition,
 }
 
-impl Guard {
-    /// The write this one's ratios are taken against: the plain write with the same
-    /// transaction shape.
-    fn reference(self) -> Guard {
-        match self {
-            Guard::Autocommit | Guard::Condition => Guard::Autocommit,
-            _ => Guard::Plain,
-        }
-    }
+/// Where in `guards` the write that `guard`'s ratios are taken against is: the plain write
+/// with the same transaction shape.
+fn reference_of(guards: &[(Guard, &str)], guard: Guard) -> usize {
+    let reference = match guard {
+        Guard::Autocommit | Guard::Condition => Guard::Autocommit,
+        _ => Guard::Plain,
+    };
+    guards
+        .iter()
+        .position(|(g, _)| *g == reference)
+        .unwrap_or(0)
 }
 
 const UPDATE: &str = "UPDATE bench_acct SET value = value + 1 WHERE id = $1";
@@ -256,7 +258,6 @@ pub async fn run() {
             "guarded, autocommit: the admission in the UPDATE's WHERE (`condition`)",
         ),
     ];
-    let at = |g: Guard| guards.iter().position(|(x, _)| *x == g).unwrap_or(0);
     println!(
         "| write | UPDATE and admission | p50 | p99 | p50 / plain, same shape (target <= 1.3x) | p99 / plain |"
     );
@@ -280,7 +281,7 @@ pub async fn run() {
         let kind = if prepared { "prepared" } else { "text" };
         for (i, (guard, name)) in guards.iter().enumerate() {
             let (p50, p99) = figures[i];
-            let reference = at(guard.reference());
+            let reference = reference_of(&guards, *guard);
             let (ratio50, ratio99) = if reference == i {
                 ("-".to_owned(), "-".to_owned())
             } else {
@@ -309,7 +310,6 @@ pub async fn run() {
     let guards = [
         guards[0], guards[1], guards[2], floor, row_lock, guards[3], guards[4],
     ];
-    let at = |g: Guard| guards.iter().position(|(x, _)| *x == g).unwrap_or(0);
     let mut took = [Took::default(); 7];
     let blocks = blocks();
     for _ in 0..blocks {
@@ -322,7 +322,7 @@ pub async fn run() {
     let per_write = |d: Duration| d.as_secs_f64() * 1e6 / writes;
     let cpu = |i: usize| per_write(took[i].client + took[i].server);
     for (i, (guard, name)) in guards.iter().enumerate() {
-        let reference = at(guard.reference());
+        let reference = reference_of(&guards, *guard);
         println!(
             "| {name} | {:.0} | {:.2}x | {:.0} µs | {:.0} µs | {:.2}x |",
             rate(i),

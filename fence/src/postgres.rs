@@ -144,9 +144,9 @@ impl PgFence {
         // our share lock (the deadlock above), so the transaction is failed as a serialization
         // failure, which the caller retries. Refusing with an error, not a value, aborts the
         // caller's transaction on the server, which is what makes `admit_then`'s pipelined
-        // write safe: PostgreSQL runs nothing after it but a rollback. The check function, for a statement's own
-        // admission (`condition`), only reads: a statement whose admission waited would go on
-        // with its snapshot from before the wait (see `statement.rs`).
+        // write safe: PostgreSQL runs nothing after it but a rollback. The check function, for
+        // a statement's own admission (`condition`), only reads: a statement whose admission
+        // waited would go on with its snapshot from before the wait (see `statement.rs`).
         let sql = format!(
             "CREATE TABLE IF NOT EXISTS {t} (lock text PRIMARY KEY, token bigint NOT NULL, \
              admitted_at timestamptz NOT NULL DEFAULT now()); \
@@ -425,13 +425,7 @@ fn admitted(
     token: FencingToken,
     row: std::result::Result<tokio_postgres::Row, tokio_postgres::Error>,
 ) -> Result<()> {
-    let row = row
-        .map_err(|e| admit_error(lock, token, e, "admit a fencing token"))
-        .inspect_err(|e| {
-            if matches!(e, Error::StaleToken { .. }) {
-                fencelock::telemetry::record_admission("postgres", false);
-            }
-        })?;
+    let row = row.map_err(|e| admit_error(lock, token, e, "admit a fencing token"))?;
     // The function raises for a stale token; the comparison here is a second check, and
     // fails closed on anything but this token (the row holds it, locked, when admitted).
     let highest = from_sql(row.get::<_, i64>(0))?;
@@ -541,7 +535,8 @@ fn from_sql(value: i64) -> Result<FencingToken> {
     })
 }
 
-/// The stale-token refusal the admission raised, or `what` failing.
+/// The stale-token refusal the admission raised (counted as a refused admission), or `what`
+/// failing.
 fn admit_error(lock: &str, presented: FencingToken, e: tokio_postgres::Error, what: &str) -> Error {
     let highest = e
         .as_db_error()
@@ -549,11 +544,14 @@ fn admit_error(lock: &str, presented: FencingToken, e: tokio_postgres::Error, wh
         .and_then(|db| db.detail())
         .and_then(|detail| detail.parse::<u64>().ok());
     match highest {
-        Some(highest) => Error::StaleToken {
-            lock: lock.to_owned(),
-            presented,
-            highest: FencingToken::new(highest),
-        },
+        Some(highest) => {
+            fencelock::telemetry::record_admission("postgres", false);
+            Error::StaleToken {
+                lock: lock.to_owned(),
+                presented,
+                highest: FencingToken::new(highest),
+            }
+        }
         None => pg_error(what, e),
     }
 }

@@ -19,6 +19,17 @@ async fn connect(pg: &PgServer) -> Client {
     client
 }
 
+/// A server, the fence `table` created on it, and a client that has run `schema` (the test's
+/// own tables, or settings of its session).
+async fn fenced_server(table: &str, schema: &str) -> (Arc<PgServer>, PgFence, Client) {
+    let pg = Arc::new(PgServer::start());
+    let fence = PgFence::new(table).unwrap();
+    let client = connect(&pg).await;
+    fence.create_table(&client).await.unwrap();
+    client.batch_execute(schema).await.unwrap();
+    (pg, fence, client)
+}
+
 /// How the writers guard their transactions.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Mode {
@@ -533,17 +544,12 @@ async fn sharing_and_raising(pg: Arc<PgServer>, step: Arc<std::sync::Mutex<&'sta
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_pipelined_write_never_lands_even_when_the_caller_commits() {
-    let pg = PgServer::start();
-    let fence = PgFence::new("fence").unwrap();
-    let mut client = connect(&pg).await;
-    fence.create_table(&client).await.unwrap();
-    client
-        .batch_execute(
-            "CREATE TABLE acct (id int PRIMARY KEY, balance bigint NOT NULL); \
-             INSERT INTO acct VALUES (1, 100)",
-        )
-        .await
-        .unwrap();
+    let (_pg, fence, mut client) = fenced_server(
+        "fence",
+        "CREATE TABLE acct (id int PRIMARY KEY, balance bigint NOT NULL); \
+         INSERT INTO acct VALUES (1, 100)",
+    )
+    .await;
     let debit = client
         .prepare("UPDATE acct SET balance = balance - 10 WHERE id = 1")
         .await
@@ -618,16 +624,13 @@ async fn an_admission_never_compares_against_an_old_snapshot() {
 /// connection's transaction it fails, and that transaction's write does not land.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prepared_admission_refuses_stale_tokens_and_only_works_on_its_connection() {
-    let pg = PgServer::start();
-    let fence = PgFence::new("prepared_fence").unwrap();
-    let (mut a, mut b) = (connect(&pg).await, connect(&pg).await);
-    fence.create_table(&a).await.unwrap();
-    a.batch_execute(
+    let (pg, fence, mut a) = fenced_server(
+        "prepared_fence",
         "CREATE TABLE acct (id int PRIMARY KEY, balance bigint NOT NULL); \
          INSERT INTO acct VALUES (1, 100)",
     )
-    .await
-    .unwrap();
+    .await;
+    let mut b = connect(&pg).await;
     let t = FencingToken::new;
     let prepared = fence.prepare(&a).await.unwrap();
     let debit = "UPDATE acct SET balance = balance - 10 WHERE id = 1";
@@ -672,14 +675,7 @@ async fn a_prepared_admission_refuses_stale_tokens_and_only_works_on_its_connect
 /// by PostgreSQL itself, `track_functions`, in the current transaction).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_held_token_is_admitted_without_the_function() {
-    let pg = PgServer::start();
-    let fence = PgFence::new("plain_fence").unwrap();
-    let mut client = connect(&pg).await;
-    fence.create_table(&client).await.unwrap();
-    client
-        .batch_execute("SET track_functions = 'pl'")
-        .await
-        .unwrap();
+    let (_pg, fence, mut client) = fenced_server("plain_fence", "SET track_functions = 'pl'").await;
     let prepared = fence.prepare(&client).await.unwrap();
     let t = FencingToken::new;
     let calls = "SELECT coalesce(pg_stat_get_xact_function_calls('plain_fence_admit'::regproc), 0)";
@@ -720,17 +716,13 @@ async fn the_held_token_is_admitted_without_the_function() {
 /// admission runs before any row reaches the UPDATE).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_statement_with_the_condition_is_refused_before_it_changes_a_row() {
-    let pg = Arc::new(PgServer::start());
-    let fence = PgFence::new("stmt_fence").unwrap();
-    let mut a = connect(&pg).await;
-    fence.create_table(&a).await.unwrap();
-    a.batch_execute(
+    let (pg, fence, mut a) = fenced_server(
+        "stmt_fence",
         "CREATE TABLE acct (id int PRIMARY KEY, balance bigint NOT NULL); \
          INSERT INTO acct VALUES (1, 100); \
          CREATE TABLE audit (token bigint NOT NULL)",
     )
-    .await
-    .unwrap();
+    .await;
     let t = FencingToken::new;
     let debit = format!(
         "UPDATE acct SET balance = balance - $1 WHERE id = 1 AND {}",
@@ -826,16 +818,12 @@ async fn a_statement_with_the_condition_is_refused_before_it_changes_a_row() {
 /// holder's admission inserted it), then on one that exists.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fenced_statement_that_waits_for_an_older_holder_sees_its_commit() {
-    let pg = Arc::new(PgServer::start());
-    let fence = PgFence::new("wait_fence").unwrap();
-    let mut p = connect(&pg).await;
-    fence.create_table(&p).await.unwrap();
-    p.batch_execute(
+    let (pg, fence, mut p) = fenced_server(
+        "wait_fence",
         "CREATE TABLE reg (id int PRIMARY KEY, value bigint NOT NULL); \
          INSERT INTO reg VALUES (1, 0)",
     )
-    .await
-    .unwrap();
+    .await;
     let c = connect(&pg).await;
     for (older, newer, expect) in [(7, 9, 1), (9, 11, 2)] {
         // The older holder: admitted, its increment written, not yet committed.
@@ -893,11 +881,8 @@ async fn a_fenced_statement_that_waits_for_an_older_holder_sees_its_commit() {
 /// the UPDATE matched nothing).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_admission_that_raced_a_lower_one_never_reports_a_raise_it_did_not_make() {
-    let pg = Arc::new(PgServer::start());
-    let fence = PgFence::new("race_fence").unwrap();
-    let (a, b, c) = (connect(&pg).await, connect(&pg).await, connect(&pg).await);
-    fence.create_table(&c).await.unwrap();
-    c.batch_execute(
+    let (pg, fence, c) = fenced_server(
+        "race_fence",
         "CREATE FUNCTION race_pause() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
            IF current_setting('fencelock.test_pause', true) = 'on' THEN \
              PERFORM pg_sleep(1); \
@@ -907,8 +892,8 @@ async fn a_first_admission_that_raced_a_lower_one_never_reports_a_raise_it_did_n
          CREATE TRIGGER race_pause AFTER UPDATE ON race_fence \
            FOR EACH STATEMENT EXECUTE FUNCTION race_pause()",
     )
-    .await
-    .unwrap();
+    .await;
+    let (a, b) = (connect(&pg).await, connect(&pg).await);
     b.batch_execute("SET fencelock.test_pause = 'on'")
         .await
         .unwrap();

@@ -229,18 +229,17 @@ fn answered<R>(
             Some(Box::new(e)),
         ));
     }
-    let e = admit_error(lock, token, e, "fenced statement");
-    if matches!(e, Error::StaleToken { .. }) {
-        fencelock::telemetry::record_admission("postgres", false);
-    }
-    Err(e)
+    Err(admit_error(lock, token, e, "fenced statement"))
 }
 
 fn kept_moving(lock: &str, token: FencingToken) -> Error {
     Error::store(
         BACKEND,
         StoreFailure::Unavailable,
-        format!("fenced statement: the fence of `{lock}` was reset each time token {token} was admitted; retry"),
+        format!(
+            "fenced statement: the fence of `{lock}` was reset each time token {token} was \
+             admitted; retry"
+        ),
         None,
     )
 }
