@@ -211,6 +211,60 @@ pub async fn fifo_order<F: BackendFactory>(factory: &F) {
     );
 }
 
+/// A waiter whose contender just ahead gives up while the lock is still held waits on, for the
+/// holder: that departure grants nothing by itself (a waiter that watches only the key just
+/// before its own must look again before it takes the lock).
+pub async fn waiter_ahead_gives_up<F: BackendFactory>(factory: &F) {
+    let name = factory.name("ahead");
+    let (holder, ahead, behind) = (
+        factory.connect().await,
+        factory.connect().await,
+        factory.connect().await,
+    );
+    warm(&ahead, &format!("{name}-warm")).await;
+    warm(&behind, &format!("{name}-warm")).await;
+    let held = acquire("ahead: holder", &holder, name.as_str()).await;
+    let gives_up = {
+        let name = name.clone();
+        tokio::spawn(async move {
+            let outcome = ahead
+                .acquire(&name, Wait::Timeout(Duration::from_millis(1500)))
+                .await;
+            (outcome.map(drop), ahead) // the instance lives until the end: its session too
+        })
+    };
+    super::until_queued("ahead: the first waiter", &holder, &name, 1).await;
+    let waiting = {
+        let name = name.clone();
+        tokio::spawn(async move { (behind.lock(name.as_str()).await, behind) })
+    };
+    super::until_queued("ahead: the second waiter", &holder, &name, 2).await;
+    let (gave_up, _ahead) = match bounded("ahead: the first waiter", gives_up).await {
+        Ok(out) => out,
+        Err(e) => panic!("ahead: the first waiter's task failed: {e}"),
+    };
+    assert!(
+        matches!(gave_up, Err(Error::Timeout { .. })),
+        "the first waiter should have timed out behind the holder: {gave_up:?}"
+    );
+    // Long enough for the second waiter to see its predecessor go and look again.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !waiting.is_finished(),
+        "the second waiter was granted while the holder still held the lock"
+    );
+    release("ahead: holder", held).await;
+    let (next, _behind) = match bounded("ahead: the second waiter", waiting).await {
+        Ok(out) => out,
+        Err(e) => panic!("ahead: the second waiter's task failed: {e}"),
+    };
+    release(
+        "ahead: the second waiter",
+        ok("ahead: the second waiter", next),
+    )
+    .await;
+}
+
 /// A timed-out acquire and a dropped acquire future leave nothing that blocks a later contender.
 pub async fn cancelled_acquire_leaves_nothing<F: BackendFactory>(factory: &F) {
     let name = factory.name("cancel");

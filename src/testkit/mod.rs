@@ -179,7 +179,7 @@ pub async fn until_queued<B: LockBackend + ?Sized>(
 macro_rules! conformance_tests {
     ($factory:expr) => {
         $crate::conformance_tests!(@each $factory;
-            mutual_exclusion, tokens_increase, try_and_timeout, fifo_order,
+            mutual_exclusion, tokens_increase, try_and_timeout, fifo_order, waiter_ahead_gives_up,
             cancelled_acquire_leaves_nothing, release_is_owner_checked, lost_fires_and_run_stops,
             stale_fenced_writes_refused, checkpoint_handed_to_successor, drop_releases,
             try_right_after_own_drop,

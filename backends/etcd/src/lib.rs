@@ -17,7 +17,7 @@
 //!
 //! # Interoperability
 //! The lock `N` under prefix `P` (default `fencelock/`) uses the keys `P N / <lease hex>`, the
-//! same Txn and the same ordering as Go's `concurrency.NewMutex(session, "P N")`, so Go services,
+//! same compare-and-put and the same ordering as Go's `concurrency.NewMutex(session, "P N")`, so Go services,
 //! `etcdctl lock P N` and fencelock exclude each other on one lock. The token is the revision of
 //! the grant: what `etcdctl lock` exports to its child as `ETCD_LOCK_REV`.
 //!
@@ -33,17 +33,22 @@
 //! say why each step is as it is), and `tests/round_trips.rs` asserts the counts below against
 //! the server's own request metrics.
 //! - **acquire**: one Txn `If create_revision(P N / lease) == 0 Then Put(P N / lease, now,
-//!   lease), Range(P N /, first created), Get(checkpoint) Else Get(P N / lease)`. The token is
-//!   the Txn's revision (our key's create revision); we hold the lock if the first created key
-//!   is ours. The Else branch finds a key of this session from an earlier acquisition (a release
+//!   lease), Range(P N /, newest two by create revision), Get(checkpoint) Else Get(P N /
+//!   lease)`. The token is the Txn's revision (our key's create revision). Ours is the newest
+//!   key: we hold the lock if no other key comes back, and otherwise the other is the one
+//!   created just before ours. With two keys or more ahead, that one is a waiter, and the wait
+//!   starts by watching it (Go's Range asks for the first created key, and a waiter then looks
+//!   for its predecessor with a second request; etcd reads the whole prefix for either Range).
+//!   With one, it is the holder, who may have left already: the wait starts with a look. The Else branch finds a key of this session from an earlier acquisition (a release
 //!   that failed): it is deleted, owner-checked, and the Txn sent again, because its old
 //!   revision would repeat a token;
-//! - **wait**: one Txn per pass confirms our key (`create_revision == token`, Go's post-Jepsen
-//!   check), finds the key created just before ours (`max_create_revision = token - 1`) and reads
-//!   the checkpoint; with a predecessor, one Watch stream on that key only (from "now",
-//!   registered twice) and one Get of it, which catches a delete before the watch, then the next
-//!   pass. The pass that finds no older key is the grant: a handoff costs the new holder one
-//!   request after the delete event, and a release wakes one waiter (no herd);
+//! - **wait**: a look is one Txn that confirms our key (`create_revision == token`, Go's
+//!   post-Jepsen check), finds the key created just before ours (`max_create_revision = token -
+//!   1`, newest first) and reads the checkpoint. With a predecessor (found by a look, or named
+//!   by the enqueue), one Watch stream on that key only (from "now", registered twice) and one
+//!   Get of it, which catches a delete before the watch; then the next look. The look that
+//!   finds no older key is the grant: a handoff costs the new holder one request after the
+//!   delete event, and a release wakes one waiter (no herd);
 //! - **cancelled, timed-out or failed acquire**: our key is withdrawn after the enqueue Txn has
 //!   finished, by a Txn comparing its create revision (only this attempt's key; the lease when
 //!   the enqueue's reply never came), retried with backoff while the session lives, holding
@@ -66,7 +71,7 @@
 //! |---|---|
 //! | first acquire of a session | 1 LeaseGrant + 1 Txn |
 //! | uncontended acquire | 1 Txn |
-//! | contended acquire | 1 Txn; per predecessor 1 Txn + 1 Watch stream (2 registrations) + 1 Range; then the granting Txn |
+//! | contended acquire | 1 Txn; 1 Txn more with one key ahead; per predecessor 1 Watch stream (2 registrations) + 1 Range + 1 Txn (the last one is the grant) |
 //! | release, fenced put/get/delete | 1 Txn |
 //! | held-key watch (whole session) | 1 Watch stream; 1 message per key's first grant (a permit's or RW entry's: 1 per grant, 1 per release) |
 //! | renewal (whole session) | 1 LeaseKeepAlive message per TTL/3 |
@@ -125,7 +130,7 @@
 //! | operation | requests |
 //! |---|---|
 //! | uncontended read or write | 1 Txn (no LeaseGrant after the session's first) |
-//! | waiting | per blocker that leaves: 1 Txn + 1 Watch stream (2 registrations) + 1 Range |
+//! | waiting | 1 Txn with one blocker ahead; per blocker that leaves: 1 Watch stream (2 registrations) + 1 Range + 1 Txn |
 //! | release, fenced put/get/delete | 1 Txn |
 //!
 //! # Loss

@@ -25,6 +25,10 @@ pub(crate) struct Queued {
     pub(crate) created: i64,
     pub(crate) owner: bool,
     pub(crate) checkpoint: Option<Vec<u8>>,
+    /// The key created just before ours, and its create revision, when at least two keys are
+    /// ahead of ours: the enqueue's own Range names it, so the wait watches it without looking
+    /// first.
+    pub(crate) predecessor: Option<(Vec<u8>, i64)>,
 }
 
 /// A granted acquire: the token is the revision at which the grant was seen, which is what
@@ -59,7 +63,7 @@ pub(crate) async fn enqueue(
                     value.to_vec(),
                     Some(PutOptions::new().with_lease(session.lease)),
                 ),
-                TxnOp::get(prefix.as_str(), Some(first_created())),
+                TxnOp::get(prefix.as_str(), Some(newest_two())),
                 TxnOp::get(checkpoint_key.as_str(), None),
             ])
             .or_else([TxnOp::get(key.as_str(), None)]);
@@ -78,38 +82,45 @@ pub(crate) async fn enqueue(
         let created = revision(&resp, "enqueue for the lock")?;
         // A reader's scan range holds only writers; everyone else's holds their own key too.
         let ours_scanned = key.starts_with(prefix.as_str());
-        let first = match ops.get(1) {
-            Some(TxnOpResponse::Get(range)) => {
-                // The Range counts every key under the prefix (ours included, if it is there)
-                // in the same transaction as our put: the queue ahead of us, exactly.
-                let ahead = range.count().saturating_sub(i64::from(ours_scanned));
-                let ahead = usize::try_from(ahead).unwrap_or(0);
-                fencelock::telemetry::record_queue_ahead(crate::KIND, ahead);
-                Some(range.kvs().first().map(|kv| kv.create_revision()))
-            }
-            _ => None,
+        // Fail closed: no Range, or a Range without the key just put, grants nothing.
+        let no_owner_key = || {
+            Error::protocol(
+                crate::KIND,
+                format!(
+                    "enqueue for lock `{name}`: the reply has no owner key (ours was just put)"
+                ),
+            )
         };
-        // Fail closed: no Range, or a Range without the key just put, grants nothing. Ours is
-        // the newest key, so the first one is ours exactly when no one is ahead; a reader with
-        // no writer in its range has no one ahead.
-        let owner = match first {
-            Some(Some(first)) => first == created,
-            Some(None) if !ours_scanned => true,
-            _ => {
-                return Err(Error::protocol(
-                    crate::KIND,
-                    format!(
-                        "enqueue for lock `{name}`: the reply has no owner key (ours was just put)"
-                    ),
-                ))
-            }
+        let Some(TxnOpResponse::Get(range)) = ops.get(1) else {
+            return Err(no_owner_key());
         };
+        // The Range counts every key under the prefix (ours included, if it is there) in the
+        // same transaction as our put: the queue ahead of us, exactly.
+        let ahead = range.count().saturating_sub(i64::from(ours_scanned));
+        fencelock::telemetry::record_queue_ahead(crate::KIND, usize::try_from(ahead).unwrap_or(0));
+        // Newest first, and ours is the newest key: it comes first, then the key just before
+        // it, if any. A reader's range holds writers only, so its first key is the one before.
+        let mut newest = range.kvs().iter();
+        if ours_scanned && newest.next().map(|kv| kv.create_revision()) != Some(created) {
+            return Err(no_owner_key());
+        }
+        // We own the lock exactly when no key is older than ours.
+        let just_before = newest
+            .next()
+            .map(|kv| (kv.key().to_vec(), kv.create_revision()));
+        let owner = just_before.is_none();
+        // With one key ahead, that is the holder, who may be gone before a watch would exist
+        // (a short hold): the wait's first look is then the grant, one request where the watch
+        // costs four. Further back, the key just before ours is a waiter, who holds before it
+        // leaves: it is watched at once.
+        let predecessor = just_before.filter(|_| ahead >= 2);
         let checkpoint = first_kv(&ops, 2).map(|(_, value)| value);
         return Ok(Queued {
             key,
             created,
             owner,
             checkpoint,
+            predecessor,
         });
     }
     Err(Error::protocol(
@@ -124,7 +135,9 @@ pub(crate) async fn enqueue(
 /// Each pass is one Txn that both confirms our key (Go added that check after Jepsen,
 /// etcd#11456: an expired session's key is gone) and looks for the key just before ours, and
 /// reads the checkpoint: when no older key is left, that one request is the grant. Go spends two
-/// (a Range, then a Get of its key) after every predecessor's delete.
+/// (a Range, then a Get of its key) after every predecessor's delete. Behind two keys or more,
+/// the first predecessor needs no look: the enqueue's Range named it (Go looks for it with a
+/// Range of its own).
 pub(crate) async fn wait_for_turn(
     client: &Client,
     at: &QueueAt,
@@ -144,9 +157,26 @@ pub(crate) async fn wait_for_turn(
     // while requests keep failing (no retry storm against a struggling cluster), and the
     // session's end (at most one TTL after the cluster stops answering) ends the loop.
     let mut backoff = Backoff::new();
+    // The look this saves would also confirm our key; the pass after the watch does that
+    // anyway, before any grant.
+    let mut known = queued.predecessor.clone();
     loop {
         if !session.is_live() {
             return Err(Error::lost(name));
+        }
+        if let Some((key, created)) = known.take() {
+            tokio::select! {
+                watched = watch_delete(client, key, created) => match watched {
+                    // The predecessor went: progress, so the next failure pauses briefly again.
+                    Ok(()) => backoff = Backoff::new(),
+                    Err(e) => {
+                        tracing::warn!(lock = %name, error = %e, "etcd: watch failed while waiting; retrying");
+                        pause_or_lost(&mut backoff, session, name).await?;
+                    }
+                },
+                () = session.clock.lost_token().cancelled() => return Err(Error::lost(name)),
+            }
+            continue;
         }
         let txn = Txn::new()
             .when([Compare::create_revision(
@@ -183,23 +213,13 @@ pub(crate) async fn wait_for_turn(
                 ))
             }
         };
-        let Some((key, created)) = predecessor else {
+        if predecessor.is_none() {
             return Ok(Granted {
                 token: revision(&resp, "look for older contenders")?,
                 checkpoint: first_kv(&ops, 1).map(|(_, value)| value),
             });
-        };
-        tokio::select! {
-            watched = watch_delete(client, key, created) => match watched {
-                // The predecessor went: progress, so the next failure pauses briefly again.
-                Ok(()) => backoff = Backoff::new(),
-                Err(e) => {
-                    tracing::warn!(lock = %name, error = %e, "etcd: watch failed while waiting; retrying");
-                    pause_or_lost(&mut backoff, session, name).await?;
-                }
-            },
-            () = session.clock.lost_token().cancelled() => return Err(Error::lost(name)),
         }
+        known = predecessor;
     }
 }
 
@@ -400,11 +420,13 @@ pub(crate) async fn txn_call(
     call(what, limit, Box::pin(async move { kv.txn(txn).await })).await
 }
 
-fn first_created() -> GetOptions {
+/// The enqueue's Range: our key (the newest) and the one created just before it. etcd reads the
+/// whole prefix for any sorted Range, so this costs what Go's "first created" Range costs.
+fn newest_two() -> GetOptions {
     GetOptions::new()
         .with_prefix()
-        .with_sort(SortTarget::Create, SortOrder::Ascend)
-        .with_limit(1)
+        .with_sort(SortTarget::Create, SortOrder::Descend)
+        .with_limit(2)
 }
 
 /// The first key of the `i`th Range of a Txn's responses: (create revision, value).
